@@ -94,3 +94,79 @@ EXPERTS: dict[str, ScriptedExpert] = {
     "pick_cube": pick_cube_expert,
     "peg_insert": peg_insert_expert,
 }
+
+
+# -- open-loop chunking of the experts (a chunk policy for demos under latency) ------------
+class _Layout:
+    """Where a task's state keeps the manipulated object and its derived features."""
+
+    def __init__(self, obj: slice, obj_width: float, rel_to_ee: slice | None = None,
+                 rel_to_fixed: tuple[slice, slice] | None = None):
+        self.obj, self.obj_width = obj, obj_width
+        self.rel_to_ee, self.rel_to_fixed = rel_to_ee, rel_to_fixed
+
+
+LAYOUTS = {
+    "pick_cube": _Layout(slice(9, 12), 0.04, rel_to_ee=slice(14, 17)),
+    "peg_insert": _Layout(slice(9, 12), 0.03, rel_to_fixed=(slice(17, 20), slice(14, 17))),
+}
+
+
+def predict_state(task: str, state: np.ndarray, action: np.ndarray, dt: float = 0.05) -> np.ndarray:
+    """Kinematic one-step prediction of the state (n,) under ``action`` (5,).
+
+    Assumes the hand tracks its target, and that an object between closed fingers moves
+    with the hand. Crude on purpose: it is what an open-loop planner of chunks knows.
+    """
+    lay = LAYOUTS[task]
+    s = state.copy()
+    ee = s[0:3]
+    delta = np.clip(action[:3], -1, 1) * _LIM.max_step_pos
+    new_ee = np.clip(ee + delta, _LIM.low, _LIM.high)
+    yaw = np.arctan2(s[3], s[4]) + np.clip(action[3], -1, 1) * _LIM.max_step_yaw
+    target_width = 0.08 * (1.0 - np.clip(action[4], -1, 1)) / 2.0
+    obj = s[lay.obj]
+    near = np.all(np.abs(obj - ee) < np.array([0.02, 0.02, 0.03]))
+    width = s[5] + np.clip(target_width - s[5], -0.03, 0.03)
+    holding = near and target_width < lay.obj_width
+    if holding:
+        width = max(width, lay.obj_width - 0.004)
+        s[lay.obj] = obj + (new_ee - ee)
+    s[0:3], s[3], s[4], s[5] = new_ee, np.sin(yaw), np.cos(yaw), width
+    s[6:9] = (new_ee - ee) / dt
+    if lay.rel_to_ee is not None:
+        s[lay.rel_to_ee] = s[lay.obj] - new_ee
+    if lay.rel_to_fixed is not None:
+        rel, fixed = lay.rel_to_fixed
+        s[rel] = s[lay.obj] - s[fixed]
+    return s
+
+
+class ExpertChunkPolicy:
+    """Chunk policy that plans H actions open-loop by rolling the expert on predicted states.
+
+    With a committed prefix (RTC) it plans from the state predicted after the prefix and
+    returns the prefix in slots 0..d-1, so the chunk is consistent with what executes.
+    """
+
+    def __init__(self, task: str, chunk_size: int, action_dim: int = 5):
+        if task not in EXPERTS:
+            raise ValueError(f"no scripted expert for task {task!r}; choose from {sorted(EXPERTS)}")
+        self.task, self.chunk_size, self.action_dim = task, chunk_size, action_dim
+        self.expert = EXPERTS[task]
+
+    def reset(self) -> None:
+        """Stateless."""
+
+    def predict_actions(self, state: np.ndarray, committed_prefix: np.ndarray | None = None) -> np.ndarray:
+        """state (n,) -> actions (H, 5)."""
+        s = np.asarray(state, dtype=np.float64)
+        out = []
+        for a in (committed_prefix if committed_prefix is not None else [])[: self.chunk_size]:
+            out.append(np.asarray(a, np.float32))
+            s = predict_state(self.task, s, a)
+        while len(out) < self.chunk_size:
+            a = self.expert(s)
+            out.append(a)
+            s = predict_state(self.task, s, a)
+        return np.stack(out).astype(np.float32)

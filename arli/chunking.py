@@ -1,0 +1,267 @@
+"""Chunk scheduler: asynchronous / synchronous chunk execution with switch strategies.
+
+Timeline (DESIGN.md §2), async: at ``t0`` the observation is captured and a request sent;
+steps ``t0 .. t0+d-1`` keep executing the previous chunk (the committed prefix); the new
+chunk lands at ``t0+d`` and execution continues at its slot ``d``. Sync: the robot holds
+for ``d`` steps, then executes slots ``0 .. s-1``.
+
+Invariants enforced here (and property-tested): an action is only ever taken from the slot
+scheduled for the current step (``slot = step - chunk.start_step``), so a late chunk skips
+its stale slots instead of executing them late, and no slot runs twice; when no chunk
+covers the current step the scheduler executes the hold action, never a stale one.
+
+The scheduler is clock-agnostic: the caller says which step it is, sends requests when
+``should_request`` says so and calls ``deliver`` when a reply arrives (after ``d`` steps
+of sim time, or whenever a real reply comes in).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+import numpy as np
+
+from arli.types import ActionChunk, ChunkRequest, Observation, StepInfo
+
+Mode = Literal["async", "sync"]
+Strategy = Literal["naive", "blend", "rtc"]
+MODES = ("async", "sync")
+STRATEGIES = ("naive", "blend", "rtc")
+HoldFn = Callable[[np.ndarray | None], np.ndarray]
+
+
+def make_hold(action_dim: int, absolute_dims: tuple[int, ...] = ()) -> HoldFn:
+    """Hold action for delta-action robots: zero motion, absolute dims (gripper) kept.
+
+    Returns f(last_action (m,) | None) -> (m,).
+    """
+
+    def hold(last: np.ndarray | None) -> np.ndarray:
+        out = np.zeros(action_dim, dtype=np.float32)
+        if last is not None and absolute_dims:
+            out[list(absolute_dims)] = last[list(absolute_dims)]
+        return out
+
+    return hold
+
+
+def validate_horizon(chunk_size: int, execute_horizon: int, max_delay_steps: int, mode: str) -> None:
+    """Raise ValueError unless ``d_max <= s <= H - d_max`` (async) / ``1 <= s <= H`` (sync)."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if not 1 <= execute_horizon <= chunk_size:
+        raise ValueError(f"execute_horizon must be in [1, chunk_size={chunk_size}], got {execute_horizon}")
+    if max_delay_steps < 0:
+        raise ValueError(f"delay_steps must be >= 0, got {max_delay_steps}")
+    if mode == "async":
+        lo, hi = max_delay_steps, chunk_size - max_delay_steps
+        if not lo <= execute_horizon <= hi:
+            raise ValueError(
+                f"async execution needs delay_steps <= execute_horizon <= chunk_size - delay_steps; "
+                f"with chunk_size={chunk_size} and max delay_steps={max_delay_steps} "
+                + (f"execute_horizon must be in [{lo}, {hi}]" if lo <= hi else
+                   f"no execute_horizon works: use chunk_size >= {2 * max_delay_steps}")
+                + f", got {execute_horizon}"
+            )
+
+
+@dataclass
+class _InFlight:
+    request: ChunkRequest
+    expected_arrival: int
+
+
+class ChunkScheduler:
+    """Decides which base action runs at every control step.
+
+    Args:
+        chunk_size: H, actions per chunk.
+        execute_horizon: s, actions executed per chunk before the next request.
+        action_dim: m.
+        mode: "async" or "sync".
+        strategy: "naive" (switch), "blend" (linear cross-fade over ``blend_steps``) or
+            "rtc" (switch; requests carry the committed prefix for the policy's guidance).
+        max_delay_steps: bound on d used to validate ``execute_horizon``.
+        hold: hold-action function (see ``make_hold``).
+        committed_len: K, length of the committed block in ``StepInfo`` (default H).
+    """
+
+    def __init__(
+        self,
+        chunk_size: int,
+        execute_horizon: int,
+        action_dim: int,
+        mode: Mode = "async",
+        strategy: Strategy = "naive",
+        max_delay_steps: int = 0,
+        blend_steps: int = 4,
+        hold: HoldFn | None = None,
+        committed_len: int | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        if blend_steps < 1:
+            raise ValueError(f"blend_steps must be >= 1, got {blend_steps}")
+        validate_horizon(chunk_size, execute_horizon, max_delay_steps, mode)
+        self.chunk_size, self.execute_horizon, self.action_dim = chunk_size, execute_horizon, action_dim
+        self.mode, self.strategy = mode, strategy
+        self.max_delay_steps, self.blend_steps = max_delay_steps, blend_steps
+        self.hold = hold or make_hold(action_dim)
+        self.committed_len = committed_len or chunk_size
+        self.reset()
+
+    def reset(self) -> None:
+        self.active: ActionChunk | None = None
+        self.previous: ActionChunk | None = None  # blended out after a switch
+        self.switch_step = -1  # step at which ``active`` took over
+        self.in_flight: _InFlight | None = None
+        self.next_request_step = 0
+        self.last_request_step = -1
+        self.last_delay_steps = 0
+        self._next_request_id = 0
+        self._last_step = -1
+        self._last_action: np.ndarray | None = None
+        self._last_slot: tuple[int, int] = (-1, -1)
+        self.starved_steps = 0
+
+    # -- requests ----------------------------------------------------------------------
+    def should_request(self, step: int) -> bool:
+        """Whether the observation of ``step`` should be sent for a new chunk."""
+        if self.in_flight is not None:
+            return False
+        if self.mode == "sync":
+            return self.active is None or step >= self.active.start_step + self.execute_horizon
+        return step >= self.next_request_step
+
+    def make_request(self, observation: Observation, step: int, delay_steps: int) -> ChunkRequest:
+        """Register a request sent at ``step`` expected to take ``delay_steps`` steps.
+
+        The committed prefix (d, m) holds the actions that will execute at steps
+        step .. step+d-1 whatever the new chunk says.
+        """
+        if self.in_flight is not None:
+            raise RuntimeError("a request is already in flight; wait for it (should_request)")
+        if delay_steps < 0:
+            raise ValueError(f"delay_steps must be >= 0, got {delay_steps}")
+        prefix = None
+        if self.mode == "async" and self.strategy == "rtc":
+            prefix = np.stack([self._scheduled(step + k) for k in range(delay_steps)]) \
+                if delay_steps else np.zeros((0, self.action_dim), np.float32)
+        request = ChunkRequest(self._next_request_id, step, observation, delay_steps, prefix)
+        self._next_request_id += 1
+        self.in_flight = _InFlight(request, step + delay_steps)
+        self.last_request_step = step
+        self.last_delay_steps = delay_steps
+        self.next_request_step = step + self.execute_horizon
+        return request
+
+    def deliver(self, request_id: int, actions: np.ndarray, step: int, meta: dict | None = None) -> bool:
+        """A chunk (H, m) for ``request_id`` arrived before control step ``step`` runs.
+
+        Returns False (chunk dropped) if it answers no in-flight request or all of its
+        slots are already in the past.
+        """
+        actions = np.asarray(actions, dtype=np.float32)
+        if actions.shape != (self.chunk_size, self.action_dim):
+            raise ValueError(
+                f"chunk must have shape (chunk_size={self.chunk_size}, action_dim={self.action_dim}), "
+                f"got {actions.shape}"
+            )
+        if not np.all(np.isfinite(actions)):
+            raise ValueError("chunk contains NaN/inf actions; refusing to schedule it")
+        flight = self.in_flight
+        if flight is None or flight.request.request_id != request_id:
+            return False
+        self.in_flight = None
+        t0 = flight.request.t0
+        start = t0 if self.mode == "async" else step
+        self.last_delay_steps = step - t0
+        if start + self.chunk_size <= step:  # every slot is stale
+            return False
+        if self.mode == "sync":
+            # the next request comes s actions after the chunk starts
+            self.next_request_step = start + self.execute_horizon
+        chunk = ActionChunk(actions, request_id, t0, start, dict(meta or {}))
+        self.previous, self.active, self.switch_step = self.active, chunk, step
+        return True
+
+    # -- execution ---------------------------------------------------------------------
+    def _chunk_action(self, chunk: ActionChunk | None, step: int) -> np.ndarray | None:
+        if chunk is None:
+            return None
+        slot = chunk.slot_for(step)
+        return chunk.actions[slot] if 0 <= slot < chunk.chunk_size else None
+
+    def _scheduled(self, step: int) -> np.ndarray:
+        """Action that will run at ``step`` if no new chunk lands before it. (m,)"""
+        if self.mode == "sync" and self.in_flight is not None:
+            return self.hold(self._last_action)
+        new = self._chunk_action(self.active, step)
+        if new is None:
+            return self.hold(self._last_action)
+        if self.strategy == "blend" and self.previous is not None:
+            k = step - self.switch_step
+            old = self._chunk_action(self.previous, step)
+            if old is not None and 0 <= k < self.blend_steps:
+                w = (k + 1) / (self.blend_steps + 1)
+                return ((1.0 - w) * old + w * new).astype(np.float32)
+        return new
+
+    def _certain_until(self) -> int:
+        """First step whose action may still change (a chunk could land there)."""
+        if self.in_flight is not None:
+            return self.in_flight.expected_arrival
+        if self.mode == "sync":
+            return self.next_request_step if self.active is not None else self._last_step + 1
+        return self.next_request_step
+
+    def step(self, step: int) -> StepInfo:
+        """Action for control step ``step`` (call once per step, increasing)."""
+        if step <= self._last_step:
+            raise RuntimeError(f"steps must increase: got {step} after {self._last_step}")
+        action = np.array(self._scheduled(step), dtype=np.float32)
+        active = self.active
+        slot = -1
+        holding = (self.mode == "sync" and self.in_flight is not None) or active is None
+        if not holding:
+            slot = active.slot_for(step)
+            if not 0 <= slot < active.chunk_size:
+                holding, slot = True, -1
+        if holding:
+            self.starved_steps += active is not None and self.in_flight is None
+        else:
+            key = (active.request_id, slot)
+            assert key > self._last_slot, f"slot {key} executed after {self._last_slot}"
+            self._last_slot = key
+        self._last_step = step
+        self._last_action = action
+
+        K = self.committed_len
+        committed = np.zeros((K, self.action_dim), np.float32)
+        mask = np.zeros(K, dtype=bool)
+        horizon = min(K, self._certain_until() - step - 1)
+        for k in range(max(horizon, 0)):
+            committed[k] = self._scheduled(step + 1 + k)
+            mask[k] = True
+        flight = self.in_flight
+        if flight is not None:
+            until_switch = flight.expected_arrival - step
+        else:
+            until_switch = self.next_request_step + self.last_delay_steps - step
+        return StepInfo(
+            step=step,
+            base_action=action,
+            committed=committed,
+            committed_mask=mask,
+            steps_since_request=step - self.last_request_step if self.last_request_step >= 0 else -1,
+            steps_until_switch=int(until_switch),
+            index_in_chunk=slot,
+            chunk_id=active.request_id if active is not None and slot >= 0 else -1,
+            in_flight=flight is not None,
+            delay_steps=self.last_delay_steps,
+            starved=holding,
+            planned_obs=flight.request.observation if flight is not None else None,
+        )

@@ -1,0 +1,106 @@
+"""``arli`` console script: ``arli <command> [subcommand] key=value ...`` (Hydra overrides).
+
+Flags ``--json`` / ``--help`` are accepted as shorthands for ``json=true`` / usage.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from omegaconf import OmegaConf
+
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    # argv words -> (config name, "module:function", help)
+    "rollout": ("rollout", "arli.commands.rollout:main",
+                "scripted-expert chunks under simulated latency: success per delay and strategy"),
+    "bench sim": ("bench_sim", "arli.bench.sim:main",
+                  "control steps/s of our default task vs robosuite Lift"),
+}
+
+
+def config_dir() -> str:
+    """The repository's ``configs/`` (override with ARLI_CONFIG_DIR)."""
+    env = os.environ.get("ARLI_CONFIG_DIR")
+    if env:
+        return str(Path(env).resolve())
+    return str(Path(__file__).resolve().parents[1] / "configs")
+
+
+def compose(config_name: str, overrides: list[str]) -> Any:
+    """Compose + validate a command's config; raises ConfigError with the field named."""
+    from hydra import compose as hydra_compose  # noqa: PLC0415
+    from hydra import initialize_config_dir  # noqa: PLC0415
+    from hydra.errors import ConfigCompositionException, HydraException  # noqa: PLC0415
+    from omegaconf.errors import OmegaConfBaseException  # noqa: PLC0415
+
+    from arli.config import SCHEMAS, ConfigError, register_configs  # noqa: PLC0415
+
+    register_configs()
+    schema, validate = SCHEMAS[config_name]
+    try:
+        with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+            cfg = hydra_compose(config_name=config_name, overrides=overrides)
+        obj = OmegaConf.to_object(cfg)
+    except (ConfigCompositionException, HydraException, OmegaConfBaseException) as exc:
+        cause = exc.__cause__ or exc
+        raise ConfigError(_explain(str(cause), schema)) from None
+    validate(obj)
+    return obj
+
+
+def _explain(message: str, schema: type) -> str:
+    first = message.strip().splitlines()[0]
+    fields = ", ".join(sorted(OmegaConf.structured(schema).keys()))
+    return f"{first}\n  valid top-level keys: {fields}"
+
+
+def _resolve(path: str) -> Callable[[Any], int | None]:
+    module, func = path.split(":")
+    import importlib  # noqa: PLC0415
+
+    return getattr(importlib.import_module(module), func)
+
+
+def usage() -> str:
+    lines = ["usage: arli <command> [key=value ...]", "", "commands:"]
+    lines += [f"  {words:<14} {help_}" for words, (_, _, help_) in COMMANDS.items()]
+    lines += ["", "example: arli rollout env=pick_cube episodes=20 'delay_steps=[0,4]'"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from arli.config import ConfigError  # noqa: PLC0415
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    words = args[0] if args[0] in COMMANDS else " ".join(args[:2])
+    if words not in COMMANDS:
+        print(f"arli: unknown command {' '.join(args[:2])!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    rest = args[len(words.split()):]
+    overrides = [("json=true" if a == "--json" else a) for a in rest]
+    if "--help" in rest or "-h" in rest:
+        name, _, help_ = COMMANDS[words]
+        schema = __import__("arli.config", fromlist=["SCHEMAS"]).SCHEMAS[name][0]
+        print(f"arli {words}: {help_}\n\ndefaults:\n{OmegaConf.to_yaml(OmegaConf.structured(schema))}")
+        return 0
+    name, target, _ = COMMANDS[words]
+    try:
+        cfg = compose(name, overrides)
+    except ConfigError as exc:
+        print(f"arli {words}: invalid config: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return int(_resolve(target)(cfg) or 0)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"arli {words}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Config schemas (declared once, registered with Hydra) and their start-up validation.
+
+Each command composes ``configs/<command>.yaml`` (defaults from the groups ``env``,
+``latency``, ``chunking``) over the dataclass schema below, applies ``key=value``
+overrides, and validates: a wrong key or value fails with the field and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+LATENCY_KINDS = ("fixed", "uniform", "lognormal", "trace")
+
+
+class ConfigError(ValueError):
+    """A config field has a value that is not allowed; the message names both."""
+
+
+def _require(ok: bool, field_name: str, allowed: str, value: Any) -> None:
+    if not ok:
+        raise ConfigError(f"{field_name}: expected {allowed}, got {value!r}")
+
+
+@dataclass
+class EnvConfig:
+    name: str = "peg_insert"  # pick_cube | peg_insert | robosuite_lift (or a gym id)
+    dt: float = 0.05  # control period (s)
+    image_size: int = 0  # 0 = state only; >0 renders (S, S, 3) images (MUJOCO_GL=egl)
+    max_episode_steps: int | None = None  # None = the task's default
+
+
+@dataclass
+class LatencyConfig:
+    kind: str = "fixed"  # fixed | uniform | lognormal | trace
+    seconds: float = 0.2  # fixed
+    low: float = 0.1  # uniform
+    high: float = 0.3
+    median: float = 0.2  # lognormal
+    sigma: float = 0.3
+    jitter: float = 0.0
+    max: float | None = None  # lognormal truncation; None = 4 * median + jitter
+    trace_path: str = ""  # trace: one latency (s) per line, or a JSON list
+
+
+@dataclass
+class ChunkingConfig:
+    chunk_size: int = 16
+    execute_horizon: int = 8
+    mode: str = "async"  # async | sync
+    strategy: str = "naive"  # naive | blend | rtc
+    blend_steps: int = 4
+
+
+@dataclass
+class RolloutConfig:
+    """``arli rollout``: a chunk policy under simulated latency, success per delay."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    latency: LatencyConfig = field(default_factory=LatencyConfig)
+    chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
+    policy: str = "expert"  # expert (open-loop chunks of the scripted expert)
+    episodes: int = 30
+    seed: int = 0
+    # a sweep over fixed delays in steps; empty = use ``latency`` as configured
+    delay_steps: list[int] = field(default_factory=lambda: [0, 2, 4, 8])
+    strategies: list[str] = field(default_factory=lambda: ["sync", "naive", "blend", "rtc"])
+    output_dir: str = "outputs/rollout"
+
+
+@dataclass
+class BenchSimConfig:
+    """``arli bench sim``: control steps/s of our default task vs robosuite Lift."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    steps: int = 4000
+    robosuite_steps: int = 400
+    seed: int = 0
+    json: bool = False
+    report_dir: str = "reports"
+
+
+def validate_env(cfg: EnvConfig) -> None:
+    from sim_envs.registry import TASKS, task_name  # noqa: PLC0415 - avoid import cycle
+
+    try:
+        task_name(cfg.name)
+    except ValueError:
+        _require(False, "env.name", f"one of {sorted(TASKS)}", cfg.name)
+    _require(cfg.dt > 0 and abs(cfg.dt / 0.005 - round(cfg.dt / 0.005)) < 1e-6,
+             "env.dt", "a positive multiple of 0.005 s", cfg.dt)
+    _require(cfg.image_size >= 0, "env.image_size", "an integer >= 0", cfg.image_size)
+    _require(cfg.max_episode_steps is None or cfg.max_episode_steps > 0,
+             "env.max_episode_steps", "null or > 0", cfg.max_episode_steps)
+
+
+def validate_latency(cfg: LatencyConfig) -> None:
+    _require(cfg.kind in LATENCY_KINDS, "latency.kind", f"one of {LATENCY_KINDS}", cfg.kind)
+    for name in ("seconds", "low", "high", "median", "sigma", "jitter"):
+        value = getattr(cfg, name)
+        _require(math.isfinite(value) and value >= 0, f"latency.{name}", "a finite number >= 0", value)
+    if cfg.kind == "uniform":
+        _require(cfg.low <= cfg.high, "latency.low", f"<= latency.high ({cfg.high})", cfg.low)
+    if cfg.kind == "lognormal":
+        _require(cfg.median > 0, "latency.median", "> 0", cfg.median)
+    if cfg.kind == "trace":
+        _require(bool(cfg.trace_path), "latency.trace_path", "a file path for kind=trace", cfg.trace_path)
+
+
+def validate_chunking(cfg: ChunkingConfig) -> None:
+    from arli.chunking import MODES, STRATEGIES  # noqa: PLC0415
+
+    _require(cfg.mode in MODES, "chunking.mode", f"one of {MODES}", cfg.mode)
+    _require(cfg.strategy in STRATEGIES, "chunking.strategy", f"one of {STRATEGIES}", cfg.strategy)
+    _require(cfg.chunk_size >= 1, "chunking.chunk_size", ">= 1", cfg.chunk_size)
+    _require(1 <= cfg.execute_horizon <= cfg.chunk_size, "chunking.execute_horizon",
+             f"in [1, chunk_size={cfg.chunk_size}]", cfg.execute_horizon)
+    _require(cfg.blend_steps >= 1, "chunking.blend_steps", ">= 1", cfg.blend_steps)
+
+
+def validate_rollout(cfg: RolloutConfig) -> None:
+    validate_env(cfg.env)
+    validate_latency(cfg.latency)
+    validate_chunking(cfg.chunking)
+    _require(cfg.policy in ("expert",), "policy", "one of ('expert',)", cfg.policy)
+    _require(cfg.episodes >= 1, "episodes", ">= 1", cfg.episodes)
+    _require(all(d >= 0 for d in cfg.delay_steps), "delay_steps", "a list of integers >= 0", cfg.delay_steps)
+    allowed = ("sync", "naive", "blend", "rtc")
+    _require(all(s in allowed for s in cfg.strategies), "strategies", f"a list from {allowed}", cfg.strategies)
+
+
+def validate_bench_sim(cfg: BenchSimConfig) -> None:
+    validate_env(cfg.env)
+    _require(cfg.steps >= 100, "steps", ">= 100", cfg.steps)
+    _require(cfg.robosuite_steps >= 10, "robosuite_steps", ">= 10", cfg.robosuite_steps)
+
+
+# command name -> (schema, validator, YAML config name)
+SCHEMAS: dict[str, tuple[type, Any]] = {
+    "rollout": (RolloutConfig, validate_rollout),
+    "bench_sim": (BenchSimConfig, validate_bench_sim),
+}
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    for name, (schema, _) in SCHEMAS.items():
+        cs.store(name=f"{name}_schema", node=schema)
+    cs.store(group="env", name="env_schema", node=EnvConfig)
+    cs.store(group="latency", name="latency_schema", node=LatencyConfig)
+    cs.store(group="chunking", name="chunking_schema", node=ChunkingConfig)

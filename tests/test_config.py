@@ -1,0 +1,61 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from arli.cli import compose, main
+from arli.config import ConfigError
+
+
+def test_defaults_and_overrides():
+    cfg = compose("rollout", ["env=pick_cube", "chunking.chunk_size=12", "latency=uniform"])
+    assert cfg.env.name == "pick_cube"
+    assert cfg.chunking.chunk_size == 12
+    assert cfg.latency.kind == "uniform" and cfg.latency.high == 0.3
+
+
+@pytest.mark.parametrize("override,field", [
+    ("chunking.mode=sideways", "chunking.mode"),
+    ("chunking.strategy=magic", "chunking.strategy"),
+    ("env.name=moon_base", "env.name"),
+    ("env.dt=0.0123", "env.dt"),
+    ("chunking.execute_horizon=40", "chunking.execute_horizon"),
+    ("latency.sigma=-1", "latency.sigma"),
+])
+def test_bad_values_name_the_field(override, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        compose("rollout", [override])
+
+
+def test_unknown_key_is_rejected():
+    with pytest.raises(ConfigError, match="episodez"):
+        compose("rollout", ["episodez=3"])
+
+
+def test_wrong_type_is_rejected():
+    with pytest.raises(ConfigError, match="episodes"):
+        compose("rollout", ["episodes=many"])
+
+
+def test_cli_exit_code_and_message(capsys):
+    assert main(["rollout", "chunking.mode=sideways"]) == 2
+    err = capsys.readouterr().err
+    assert "chunking.mode" in err and "async" in err
+    assert main(["frobnicate"]) == 2
+
+
+def test_rollout_entry_point_end_to_end(tmp_path):
+    """The real console script, tiny budget: sync beats naive async at delay 4."""
+    out = tmp_path / "r"
+    proc = subprocess.run(
+        [sys.executable, "-m", "arli.cli", "rollout", "env=peg_insert", "episodes=4",
+         "delay_steps=[4]", "strategies=[sync,naive,rtc]", f"output_dir={out}"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cells = {c["strategy"] if c["mode"] == "async" else "sync": c
+             for c in json.loads((out / "rollout.json").read_text())["cells"]}
+    assert cells["sync"]["success"] >= 0.75
+    assert cells["rtc"]["success"] >= 0.75
+    assert cells["naive"]["success"] <= 0.25  # open-loop chunks planned from stale states
