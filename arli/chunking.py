@@ -146,11 +146,18 @@ class ChunkScheduler:
             raise RuntimeError("a request is already in flight; wait for it (should_request)")
         if delay_steps < 0:
             raise ValueError(f"delay_steps must be >= 0, got {delay_steps}")
-        prefix = None
+        prefix = guidance = None
         if self.mode == "async" and self.strategy == "rtc":
             prefix = np.stack([self._scheduled(step + k) for k in range(delay_steps)]) \
                 if delay_steps else np.zeros((0, self.action_dim), np.float32)
-        request = ChunkRequest(self._next_request_id, step, observation, delay_steps, prefix)
+            tail = []  # what the active chunk planned beyond the prefix, over the overlap
+            for k in range(delay_steps, self.chunk_size - self.execute_horizon):
+                planned = self._chunk_action(self.active, step + k)
+                if planned is None:
+                    break
+                tail.append(planned)
+            guidance = np.concatenate([prefix, np.stack(tail)]).astype(np.float32) if tail else prefix
+        request = ChunkRequest(self._next_request_id, step, observation, delay_steps, prefix, guidance)
         self._next_request_id += 1
         self.in_flight = _InFlight(request, step + delay_steps)
         self.last_request_step = step

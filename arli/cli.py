@@ -16,6 +16,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     # argv words -> (config name, "module:function", help)
     "rollout": ("rollout", "arli.commands.rollout:main",
                 "scripted-expert chunks under simulated latency: success per delay and strategy"),
+    "collect-demos": ("collect_demos", "arli.commands.pretrain:collect_main",
+                      "scripted-expert demonstrations into a LeRobotDataset v3"),
+    "pretrain": ("pretrain", "arli.commands.pretrain:main",
+                 "behaviour-clone the built-in pi0-style flow policy from the demos"),
+    "bench base": ("bench_base", "arli.bench.base:main",
+                   "base policy: sync vs async naive/blend/rtc at delay_steps 0/2/4/8"),
     "bench sim": ("bench_sim", "arli.bench.sim:main",
                   "control steps/s of our default task vs robosuite Lift"),
 }

@@ -152,3 +152,101 @@ def register_configs() -> None:
     cs.store(group="env", name="env_schema", node=EnvConfig)
     cs.store(group="latency", name="latency_schema", node=LatencyConfig)
     cs.store(group="chunking", name="chunking_schema", node=ChunkingConfig)
+
+
+@dataclass
+class FlowSchema:
+    """Built-in pi0-style flow policy (see arli.policies.flow.FlowPolicyConfig)."""
+
+    chunk_size: int = 16
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    ff_dim: int = 256
+    num_steps: int = 10
+    rtc_mode: str = "prefix"  # none | guidance (inference-time RTC) | prefix (training-time RTC)
+    rtc_max_weight: float = 5.0
+    rtc_max_prefix: int = 6
+    execute_horizon: int = 8
+
+
+@dataclass
+class CollectDemosConfig:
+    """``arli collect-demos``: scripted-expert episodes into a LeRobotDataset v3."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    episodes: int = 200
+    root: str = "data/demos/${env.name}"
+    seed: int = 0
+
+
+@dataclass
+class PretrainConfig:
+    """``arli pretrain``: behaviour cloning of the flow policy from the demo dataset."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    policy: FlowSchema = field(default_factory=FlowSchema)
+    dataset_root: str = "data/demos/${env.name}"
+    demos: int = 200  # collected first if the dataset is missing
+    output_dir: str = "checkpoints/base_${env.name}"
+    steps: int = 4000
+    batch_size: int = 128
+    lr: float = 3e-4
+    weight_decay: float = 1e-4
+    eval_every: int = 1000
+    eval_episodes: int = 20
+    seed: int = 0
+
+
+@dataclass
+class BenchBaseConfig:
+    """``arli bench base``: the pretrained policy, sync vs async naive/blend/rtc per delay."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    checkpoint: str = "checkpoints/base_${env.name}"
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    episodes: int = 100
+    delay_steps: list[int] = field(default_factory=lambda: [0, 2, 4, 8])
+    strategies: list[str] = field(default_factory=lambda: ["sync", "naive", "blend", "rtc"])
+    execute_horizon: int = 8
+    blend_steps: int = 4
+    seed: int = 10_000  # evaluation seeds are disjoint from the demo seeds
+    report_dir: str = "reports"
+
+
+def validate_flow(cfg: FlowSchema) -> None:
+    from arli.policies.flow import RTC_MODES  # noqa: PLC0415
+
+    _require(cfg.rtc_mode in RTC_MODES, "policy.rtc_mode", f"one of {RTC_MODES}", cfg.rtc_mode)
+    _require(cfg.chunk_size >= 2, "policy.chunk_size", ">= 2", cfg.chunk_size)
+    _require(cfg.d_model % cfg.n_heads == 0, "policy.d_model", f"a multiple of n_heads={cfg.n_heads}",
+             cfg.d_model)
+    _require(cfg.num_steps >= 1, "policy.num_steps", ">= 1", cfg.num_steps)
+
+
+def validate_collect(cfg: CollectDemosConfig) -> None:
+    validate_env(cfg.env)
+    _require(cfg.episodes >= 1, "episodes", ">= 1", cfg.episodes)
+
+
+def validate_pretrain(cfg: PretrainConfig) -> None:
+    validate_env(cfg.env)
+    validate_flow(cfg.policy)
+    for name in ("steps", "batch_size", "eval_every", "demos"):
+        _require(getattr(cfg, name) >= 1, name, ">= 1", getattr(cfg, name))
+    _require(cfg.lr > 0, "lr", "> 0", cfg.lr)
+
+
+def validate_bench_base(cfg: BenchBaseConfig) -> None:
+    validate_env(cfg.env)
+    validate_pretrain(cfg.pretrain)
+    _require(cfg.episodes >= 1, "episodes", ">= 1", cfg.episodes)
+    allowed = ("sync", "naive", "blend", "rtc")
+    _require(all(s in allowed for s in cfg.strategies), "strategies", f"a list from {allowed}", cfg.strategies)
+
+
+SCHEMAS.update({
+    "collect_demos": (CollectDemosConfig, validate_collect),
+    "pretrain": (PretrainConfig, validate_pretrain),
+    "bench_base": (BenchBaseConfig, validate_bench_base),
+})

@@ -20,10 +20,12 @@ from arli.types import Observation, StepInfo
 class ChunkPolicy(Protocol):
     chunk_size: int
 
-    def predict_actions(self, state: np.ndarray, committed_prefix: np.ndarray | None = None) -> np.ndarray:
-        """state (n,) -> actions (H, m)."""
+    def predict_actions(self, state: np.ndarray, committed_prefix: np.ndarray | None = None,
+                        delay_steps: int | None = None, image: np.ndarray | None = None,
+                        guidance: np.ndarray | None = None) -> np.ndarray:
+        """state (n,) -> actions (H, m); the committed prefix fills slots 0..d-1."""
 
-    def reset(self) -> None: ...
+    def reset(self, seed: int | None = None) -> None: ...
 
 
 @dataclass
@@ -55,7 +57,7 @@ def run_episode(
     """One episode; ``on_step(t, obs, info)`` sees every executed step."""
     dt = float(getattr(env.unwrapped, "dt", 0.05))
     obs, info = env.reset(seed=seed)
-    policy.reset()
+    policy.reset(seed)
     scheduler.reset()
     pending: list[tuple[int, int, np.ndarray]] = []  # (arrival step, request id, actions)
     delays: list[int] = []
@@ -72,7 +74,8 @@ def run_episode(
         if scheduler.should_request(t):
             d = to_delay_steps(latency.sample(rng), dt)
             req = scheduler.make_request(Observation(obs["state"], t, t * dt), t, d)
-            actions = policy.predict_actions(obs["state"], req.committed_prefix)
+            actions = policy.predict_actions(obs["state"], req.committed_prefix, d,
+                                             obs.get("image"), req.guidance)
             pending.append((t + d, req.request_id, actions))
             delays.append(d)
             land(t)  # d = 0: available before this step runs

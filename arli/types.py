@@ -33,6 +33,8 @@ class ChunkRequest:
     committed_prefix: (d, m) actions that execute during the inference window
     (steps t0 .. t0+d-1), given to RTC-capable policies; None for other strategies.
     delay_steps: the delay the scheduler expects (exact in sim time, an estimate on a robot).
+    guidance: (L, m) what the previous chunk planned for steps t0 .. t0+L-1 over the overlap
+    (L <= H - s, its first d rows are the committed prefix): RTC's soft-masked target.
     """
 
     request_id: int
@@ -40,6 +42,7 @@ class ChunkRequest:
     observation: Observation
     delay_steps: int
     committed_prefix: np.ndarray | None
+    guidance: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

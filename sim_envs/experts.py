@@ -155,10 +155,12 @@ class ExpertChunkPolicy:
         self.task, self.chunk_size, self.action_dim = task, chunk_size, action_dim
         self.expert = EXPERTS[task]
 
-    def reset(self) -> None:
+    def reset(self, seed: int | None = None) -> None:
         """Stateless."""
 
-    def predict_actions(self, state: np.ndarray, committed_prefix: np.ndarray | None = None) -> np.ndarray:
+    def predict_actions(self, state: np.ndarray, committed_prefix: np.ndarray | None = None,
+                        delay_steps: int | None = None, image: np.ndarray | None = None,
+                        guidance: np.ndarray | None = None) -> np.ndarray:
         """state (n,) -> actions (H, 5)."""
         s = np.asarray(state, dtype=np.float64)
         out = []

@@ -1,0 +1,75 @@
+"""Scripted-expert demonstrations -> LeRobotDataset, and reading them back as chunks."""
+
+from __future__ import annotations
+
+import numpy as np
+from tqdm import tqdm
+
+from arli.record import EpisodeRecorder, dataset_features
+from sim_envs import make_env, task_name
+from sim_envs.base import ACTION_NAMES
+from sim_envs.experts import EXPERTS
+
+
+def collect_demos(env_name: str, episodes: int, root: str, seed: int = 0, dt: float = 0.05,
+                  image_size: int = 0, only_success: bool = True) -> dict:
+    """Run the scripted expert and record ``episodes`` episodes at ``root``."""
+    name = task_name(env_name)
+    if name not in EXPERTS:
+        raise ValueError(f"no scripted expert for {name!r}; demos exist for {sorted(EXPERTS)}")
+    env = make_env(name, dt=dt, image_size=image_size)
+    expert = EXPERTS[name]
+    fps = int(round(1.0 / dt))
+    features = dataset_features(env.state_names, ACTION_NAMES, image_size)
+    kept, tried = 0, 0
+    with EpisodeRecorder(root, fps, features) as rec, \
+            tqdm(total=episodes, desc=f"demos {name}", unit="ep") as bar:
+        while kept < episodes:
+            obs, _ = env.reset(seed=seed + tried)
+            tried += 1
+            done = False
+            while not done:
+                action = expert(obs["state"])
+                nxt, reward, term, trunc, info = env.step(action)
+                done = term or trunc
+                images = {"front": obs["image"]} if image_size else None
+                rec.add_frame(obs["state"], action, reward, done, info["is_success"],
+                              env.instruction, images)
+                obs = nxt
+            if info["is_success"] or not only_success:
+                rec.save_episode()
+                kept += 1
+                bar.update(1)
+            else:
+                rec.discard_episode()
+    return {"episodes": kept, "attempts": tried, "root": root}
+
+
+def load_chunk_dataset(root: str, chunk_size: int, repo_id: str = "arli/local") -> dict:
+    """Read a LeRobotDataset with LeRobot's loader into training arrays.
+
+    Returns state (N, n), chunks (N, H, m) of future actions padded past the episode end
+    with the hold action (no motion, last gripper command), episode_index (N,), task str,
+    fps, state_names.
+    """
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: PLC0415
+
+    ds = LeRobotDataset(repo_id, root=root)
+    table = ds.hf_dataset.with_format("numpy")
+    state = np.asarray(table["observation.state"], np.float32)
+    action = np.asarray(table["action"], np.float32)
+    episode = np.asarray(table["episode_index"]).astype(np.int64)
+    N, m = action.shape
+    chunks = np.zeros((N, chunk_size, m), np.float32)
+    starts = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]])
+    ends = np.r_[starts[1:], N]
+    for s, e in zip(starts, ends):
+        for i in range(s, e):
+            take = action[i:min(i + chunk_size, e)]
+            chunks[i, : len(take)] = take
+            if len(take) < chunk_size:
+                chunks[i, len(take):, -1] = take[-1, -1]  # hold: keep the gripper command
+    names = ds.meta.features["observation.state"]["names"]
+    task = ds.meta.tasks.index[0] if len(ds.meta.tasks) else ""
+    return {"state": state, "chunks": chunks, "episode_index": episode, "task": str(task),
+            "fps": ds.fps, "state_names": list(names or [])}

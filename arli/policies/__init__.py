@@ -1,0 +1,1 @@
+"""Base policies (chunk predictors) and the residual actor/critic."""

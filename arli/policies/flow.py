@@ -1,0 +1,256 @@
+"""Built-in pi0-style base policy: observation encoder + transformer trunk + flow-matching
+action expert that samples a chunk of ``chunk_size`` actions.
+
+Tokens: [state, language, (image)] + H action tokens (noisy actions + per-token flow time).
+Per-token time makes training-time RTC natural: committed-prefix tokens carry clean actions
+at time 0 ("data") and are excluded from the loss.
+Checkpoint = one directory: ``config.json`` + ``model.safetensors`` (weights and
+normalisation statistics).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import zlib
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from arli.policies.flow_math import (interpolate, rtc_guidance_weight, rtc_soft_mask,
+                                     sample_time)
+
+RTC_MODES = ("none", "guidance", "prefix")
+
+
+@dataclass
+class FlowPolicyConfig:
+    state_dim: int = 0
+    action_dim: int = 5
+    chunk_size: int = 16
+    d_model: int = 128
+    n_layers: int = 3
+    n_heads: int = 4
+    ff_dim: int = 256
+    vocab_size: int = 512  # hashed word vocabulary of the instruction embedding
+    image_size: int = 0  # 0 = state only
+    num_steps: int = 10  # Euler integration steps at inference
+    rtc_mode: str = "guidance"  # none | guidance (inference-time RTC) | prefix (training-time)
+    rtc_max_weight: float = 5.0  # beta, clip of the guidance weight
+    rtc_max_prefix: int = 6  # training-time RTC: max sampled delay
+    execute_horizon: int = 8  # s, used by the RTC soft mask
+    state_names: list[str] = field(default_factory=list)
+    instruction: str = ""
+
+    def validate(self) -> None:
+        if self.state_dim < 1 or self.action_dim < 1 or self.chunk_size < 1:
+            raise ValueError(f"state_dim/action_dim/chunk_size must be >= 1: {self}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.rtc_mode not in RTC_MODES:
+            raise ValueError(f"rtc_mode must be one of {RTC_MODES}, got {self.rtc_mode!r}")
+
+
+def hash_tokens(text: str, vocab: int, max_len: int = 16) -> torch.Tensor:
+    """Deterministic word-hash token ids (max_len,), 0 = padding."""
+    ids = [1 + zlib.crc32(w.encode()) % (vocab - 1) for w in text.lower().split()][:max_len]
+    return torch.tensor(ids + [0] * (max_len - len(ids)), dtype=torch.long)
+
+
+def time_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal embedding of flow times t (...,) -> (..., dim)."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(1000.0) * torch.arange(half, device=t.device) / half)
+    ang = t[..., None] * freqs * 100.0
+    return torch.cat([torch.sin(ang), torch.cos(ang)], dim=-1)
+
+
+class FlowChunkModel(nn.Module):
+    """v_theta(x_t, o, t): (B, H, m) velocities."""
+
+    def __init__(self, cfg: FlowPolicyConfig):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.state_enc = nn.Sequential(nn.Linear(cfg.state_dim, d), nn.GELU(), nn.Linear(d, d))
+        self.lang_emb = nn.EmbeddingBag(cfg.vocab_size, d, mode="mean", padding_idx=0)
+        self.image_enc = None
+        if cfg.image_size:
+            self.image_enc = nn.Sequential(
+                nn.Conv2d(3, 16, 5, stride=2), nn.GELU(), nn.Conv2d(16, 32, 3, stride=2), nn.GELU(),
+                nn.Conv2d(32, 32, 3, stride=2), nn.GELU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
+                nn.Linear(128, d))
+        self.action_in = nn.Linear(cfg.action_dim, d)
+        self.time_mlp = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, d))
+        self.pos = nn.Parameter(torch.zeros(cfg.chunk_size, d))
+        nn.init.normal_(self.pos, std=0.02)
+        layer = nn.TransformerEncoderLayer(d, cfg.n_heads, cfg.ff_dim, dropout=0.0,
+                                           batch_first=True, norm_first=True, activation="gelu")
+        self.trunk = nn.TransformerEncoder(layer, cfg.n_layers, enable_nested_tensor=False)
+        self.out = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, cfg.action_dim))
+        # normalisation statistics, saved with the weights
+        self.register_buffer("state_mean", torch.zeros(cfg.state_dim))
+        self.register_buffer("state_std", torch.ones(cfg.state_dim))
+        self.register_buffer("action_mean", torch.zeros(cfg.action_dim))
+        self.register_buffer("action_std", torch.ones(cfg.action_dim))
+        self.register_buffer("lang_tokens", hash_tokens(cfg.instruction, cfg.vocab_size))
+
+    def context(self, state: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
+        """Observation tokens (B, T_obs, d) from normalised state (B, n), image (B, 3, S, S)."""
+        B = state.shape[0]
+        toks = [self.state_enc(state)[:, None],
+                self.lang_emb(self.lang_tokens[None].expand(B, -1))[:, None]]
+        if self.image_enc is not None:
+            if image is None:
+                raise ValueError(f"this policy needs an image of shape (3, {self.cfg.image_size}, "
+                                 f"{self.cfg.image_size}); the observation has none")
+            toks.append(self.image_enc(image)[:, None])
+        return torch.cat(toks, dim=1)
+
+    def velocity(self, ctx: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """ctx (B, T_obs, d), x (B, H, m), per-token t (B, H) -> (B, H, m)."""
+        a = self.action_in(x) + self.pos + self.time_mlp(time_embedding(t, self.cfg.d_model))
+        h = self.trunk(torch.cat([ctx, a], dim=1))
+        return self.out(h[:, ctx.shape[1]:])
+
+    # -- training ----------------------------------------------------------------------
+    def loss(self, state: torch.Tensor, actions: torch.Tensor, image: torch.Tensor | None = None,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+        """Flow-matching loss on normalised state (B, n) and action chunks (B, H, m)."""
+        B, H, _ = actions.shape
+        noise = torch.randn(actions.shape, generator=generator)
+        t = sample_time(B, generator)[:, None].expand(B, H).clone()
+        weight = torch.ones(B, H)
+        if self.cfg.rtc_mode == "prefix":  # training-time RTC: clean committed prefix
+            d = torch.randint(0, self.cfg.rtc_max_prefix + 1, (B,), generator=generator)
+            prefix = torch.arange(H)[None] < d[:, None]
+            t = torch.where(prefix, torch.zeros_like(t), t)
+            weight = (~prefix).float()
+        x = interpolate(actions, noise, t)
+        v = self.velocity(self.context(state, image), x, t)
+        err = ((v - (noise - actions)) ** 2).mean(-1)
+        return (err * weight).sum() / weight.sum().clamp(min=1.0)
+
+    # -- sampling ----------------------------------------------------------------------
+    def sample(self, state: torch.Tensor, image: torch.Tensor | None = None,
+               prefix: torch.Tensor | None = None, delay: int = 0,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+        """Euler sampling of normalised chunks (B, H, m).
+
+        prefix: (B, L, m) normalised actions of the previous chunk for slots 0..L-1 (the
+        first ``delay`` are committed). rtc_mode 'prefix' writes the committed ones in;
+        'guidance' pulls the chunk toward the prefix with the soft mask (one VJP per step).
+        """
+        cfg = self.cfg
+        B, H, m = state.shape[0], cfg.chunk_size, cfg.action_dim
+        x = torch.randn((B, H, m), generator=generator)
+        n = cfg.num_steps
+        use_prefix = prefix is not None and prefix.shape[1] > 0 and cfg.rtc_mode != "none"
+        with torch.no_grad():
+            ctx = self.context(state, image)
+        if use_prefix:
+            L = min(prefix.shape[1], H)
+            target = torch.zeros(B, H, m)
+            target[:, :L] = prefix[:, :L]
+            d = min(delay, L)
+            if cfg.rtc_mode == "prefix":
+                clean = torch.arange(H) < d
+            else:
+                mask = rtc_soft_mask(H, d, max(cfg.execute_horizon, d))
+                mask[L:] = 0.0
+                mask = mask[None, :, None]
+        for k in range(n):
+            t_now = 1.0 - k / n
+            t = torch.full((B, H), t_now)
+            if use_prefix and cfg.rtc_mode == "prefix":
+                x = torch.where(clean[None, :, None], target, x)
+                t = torch.where(clean[None], torch.zeros_like(t), t)
+            if use_prefix and cfg.rtc_mode == "guidance":
+                x_req = x.detach().requires_grad_(True)
+                with torch.enable_grad():
+                    v = self.velocity(ctx, x_req, t)
+                    a_hat = x_req - t[..., None] * v  # clean-chunk estimate
+                    err = mask * (target - a_hat)
+                    (g,) = torch.autograd.grad(a_hat, x_req, grad_outputs=err)
+                w = rtc_guidance_weight(1.0 - t_now, cfg.rtc_max_weight)
+                x = (x + (-v.detach() + w * g) / n).detach()
+            else:
+                with torch.no_grad():
+                    x = x - self.velocity(ctx, x, t) / n
+        if use_prefix and cfg.rtc_mode == "prefix":
+            x = torch.where(clean[None, :, None], target, x)
+        return x.detach()
+
+
+class FlowPolicy:
+    """Base-policy wrapper: numpy in, numpy out, normalisation, save/load."""
+
+    def __init__(self, cfg: FlowPolicyConfig, model: FlowChunkModel | None = None):
+        self.cfg = cfg
+        self.model = model or FlowChunkModel(cfg)
+        self.model.eval()
+        self.chunk_size, self.action_dim = cfg.chunk_size, cfg.action_dim
+        self._gen = torch.Generator().manual_seed(0)
+
+    def reset(self, seed: int | None = None) -> None:
+        if seed is not None:
+            self._gen.manual_seed(seed)
+
+    def _norm_state(self, state: np.ndarray) -> torch.Tensor:
+        s = torch.as_tensor(np.asarray(state, np.float32))
+        if s.ndim != 1 or s.shape[0] != self.cfg.state_dim:
+            raise ValueError(f"observation.state must have shape ({self.cfg.state_dim},) "
+                             f"{self.cfg.state_names or ''}, got {tuple(s.shape)}")
+        return ((s - self.model.state_mean) / self.model.state_std)[None]
+
+    def _image(self, image: np.ndarray | None) -> torch.Tensor | None:
+        if image is None or not self.cfg.image_size:
+            return None
+        img = torch.as_tensor(np.asarray(image)).float().permute(2, 0, 1)[None] / 255.0
+        return img
+
+    def predict_actions(self, state: np.ndarray, committed_prefix: np.ndarray | None = None,
+                        delay_steps: int | None = None, image: np.ndarray | None = None,
+                        guidance: np.ndarray | None = None) -> np.ndarray:
+        """state (n,) -> actions (H, m). ``guidance`` (L, m): previous chunk over the overlap
+        (defaults to the committed prefix); ``delay_steps`` defaults to len(prefix)."""
+        m = self.model
+        prefix = guidance if guidance is not None else committed_prefix
+        d = delay_steps if delay_steps is not None else (0 if committed_prefix is None else len(committed_prefix))
+        p = None
+        if prefix is not None and len(prefix):
+            p = ((torch.as_tensor(np.asarray(prefix, np.float32)) - m.action_mean) / m.action_std)[None]
+        x = m.sample(self._norm_state(state), self._image(image), p, d, self._gen)
+        actions = (x[0] * m.action_std + m.action_mean).numpy()
+        if committed_prefix is not None and len(committed_prefix):
+            actions[: len(committed_prefix)] = committed_prefix  # committed slots are what runs
+        return np.clip(actions, -1.0, 1.0).astype(np.float32)
+
+    def save(self, path: str) -> None:
+        from safetensors.torch import save_file  # noqa: PLC0415
+
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as fh:
+            json.dump({"type": "arli_flow", **asdict(self.cfg)}, fh, indent=1)
+        state = {k: v.contiguous() for k, v in self.model.state_dict().items()}
+        save_file(state, os.path.join(path, "model.safetensors"))
+
+    @classmethod
+    def load(cls, path: str) -> "FlowPolicy":
+        from safetensors.torch import load_file  # noqa: PLC0415
+
+        cfg_path = os.path.join(path, "config.json")
+        if not os.path.exists(cfg_path):
+            raise FileNotFoundError(f"no policy checkpoint at {path} (missing config.json); "
+                                    "run `arli pretrain` first")
+        raw = json.load(open(cfg_path, encoding="utf-8"))
+        if raw.pop("type", None) != "arli_flow":
+            raise ValueError(f"{cfg_path} is not an arli_flow checkpoint")
+        cfg = FlowPolicyConfig(**raw)
+        model = FlowChunkModel(cfg)
+        model.load_state_dict(load_file(os.path.join(path, "model.safetensors")))
+        return cls(cfg, model)

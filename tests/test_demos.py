@@ -1,0 +1,80 @@
+import numpy as np
+import pytest
+
+from arli.demos import collect_demos, load_chunk_dataset
+from arli.record import EpisodeRecorder, dataset_features
+from sim_envs import make_env
+from sim_envs.experts import EXPERTS
+
+
+@pytest.fixture(scope="module")
+def demo_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demos") / "pick"
+    out = collect_demos("pick_cube", 3, str(root), seed=0)
+    assert out["episodes"] == 3
+    return root
+
+
+def test_dataset_is_read_back_by_lerobots_loader(demo_root):
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    ds = LeRobotDataset("arli/local", root=demo_root)
+    assert ds.num_episodes == 3 and ds.fps == 20
+    assert ds.meta.info["codebase_version"].startswith("v3")
+    for key in ("observation.state", "action", "next.reward", "next.done"):
+        assert key in ds.features
+    assert ds.features["observation.state"]["names"][0] == "ee_x"
+    frame = ds[0]
+    assert frame["task"] == make_env("pick_cube").instruction
+    assert frame["action"].shape == (5,)
+    # the recorded actions are exactly what the expert does from the recorded seed
+    env = make_env("pick_cube")
+    obs, _ = env.reset(seed=0)
+    length = int(ds.meta.episodes["length"][0])
+    for i in range(length):
+        a = EXPERTS["pick_cube"](obs["state"])
+        np.testing.assert_allclose(ds[i]["action"].numpy(), a, atol=1e-6)
+        np.testing.assert_allclose(ds[i]["observation.state"].numpy(), obs["state"], atol=1e-6)
+        obs, *_ = env.step(a)
+    assert bool(ds[length - 1]["next.done"]) and float(ds[length - 1]["next.reward"]) == 1.0
+
+
+def test_chunk_targets_follow_the_episode_and_pad_with_hold(demo_root):
+    data = load_chunk_dataset(str(demo_root), chunk_size=8)
+    ep = data["episode_index"]
+    end = int(np.flatnonzero(ep == 0)[-1])
+    raw = data["chunks"][:, 0]  # slot 0 = the frame's own action
+    np.testing.assert_array_equal(data["chunks"][0, 3], raw[3])
+    last = data["chunks"][end]
+    np.testing.assert_array_equal(last[0], raw[end])
+    assert np.all(last[1:, :4] == 0) and np.all(last[1:, 4] == raw[end, 4])  # hold
+    assert data["task"] == "pick up the red cube and lift it"
+
+
+def test_crash_mid_episode_keeps_saved_episodes_readable(tmp_path):
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    env = make_env("pick_cube")
+    root = tmp_path / "crash"
+    features = dataset_features(env.state_names, ("dx", "dy", "dz", "dyaw", "grip"))
+    with pytest.raises(RuntimeError, match="boom"):
+        with EpisodeRecorder(root, 20, features) as rec:
+            for ep in range(2):
+                obs, _ = env.reset(seed=ep)
+                for t in range(5):
+                    rec.add_frame(obs["state"], np.zeros(5), 0.0, t == 4, False, env.instruction)
+                if ep == 0:
+                    rec.save_episode()
+            raise RuntimeError("boom")  # crash with episode 1 half-recorded
+    ds = LeRobotDataset("arli/local", root=root)
+    assert ds.num_episodes == 1 and len(ds) == 5
+    with pytest.raises(FileExistsError, match="never overwritten"):
+        EpisodeRecorder(root, 20, features)
+
+
+def test_bad_frame_is_a_clear_error(tmp_path):
+    env = make_env("pick_cube")
+    features = dataset_features(env.state_names, ("dx", "dy", "dz", "dyaw", "grip"))
+    with EpisodeRecorder(tmp_path / "bad", 20, features) as rec:
+        with pytest.raises(ValueError, match="observation.state"):
+            rec.add_frame(np.zeros(3), np.zeros(5), 0.0, False, False, "x")

@@ -1,0 +1,141 @@
+import numpy as np
+import pytest
+import torch
+
+from arli.policies.flow import FlowChunkModel, FlowPolicy, FlowPolicyConfig
+from arli.policies.flow_math import rtc_guidance_weight, rtc_soft_mask
+
+H, M, N = 8, 3, 4
+
+
+def _synthetic(n=512, seed=0, sign=None):
+    """Bimodal chunks: ramps up or down (random sign, as two equally good demonstrators),
+    scaled by the state. RTC guidance has to pick the mode the committed prefix is in."""
+    g = np.random.default_rng(seed)
+    state = g.normal(size=(n, N)).astype(np.float32)
+    ramp = np.linspace(0.2, 1, H, dtype=np.float32)[None, :, None]
+    signs = g.choice([-1.0, 1.0], size=(n, 1, 1)) if sign is None else np.full((n, 1, 1), sign)
+    chunks = signs * ramp * (1.0 + 0.3 * np.tanh(state[:, None, :M]))
+    return torch.as_tensor(state), torch.as_tensor(chunks.astype(np.float32))
+
+
+def _model(mode="guidance", **kw):
+    torch.manual_seed(0)
+    cfg = FlowPolicyConfig(state_dim=N, action_dim=M, chunk_size=H, d_model=64, n_layers=2,
+                           n_heads=4, ff_dim=128, num_steps=8, rtc_mode=mode, execute_horizon=4,
+                           instruction="test task", **kw)
+    return FlowChunkModel(cfg)
+
+
+def _train(model, steps=400):
+    state, chunks = _synthetic()
+    opt = torch.optim.Adam(model.parameters(), 2e-3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        idx = torch.randint(0, len(state), (128,), generator=g)
+        loss = model.loss(state[idx], chunks[idx], generator=g)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="module")
+def trained():
+    return _train(_model())
+
+
+def test_flow_matching_loss_decreases_on_a_fixed_batch():
+    model = _model()
+    state, chunks = _synthetic(64)
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+
+    def fixed_loss():
+        return model.loss(state, chunks, generator=torch.Generator().manual_seed(1))
+
+    before = fixed_loss().item()
+    for _ in range(60):
+        loss = fixed_loss()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert fixed_loss().item() < 0.5 * before
+
+
+def test_sampling_is_deterministic_under_a_seed(trained):
+    s = _synthetic(2)[0]
+    a = trained.sample(s, generator=torch.Generator().manual_seed(3))
+    b = trained.sample(s, generator=torch.Generator().manual_seed(3))
+    c = trained.sample(s, generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(a, b)
+    assert not torch.allclose(a, c)
+
+
+def test_trained_policy_fits_the_data(trained):
+    state, _ = _synthetic(64, seed=5)
+    pred = trained.sample(state, generator=torch.Generator().manual_seed(0))
+    _, up = _synthetic(64, seed=5, sign=1.0)
+    err = torch.minimum((pred - up).abs().mean((1, 2)), (pred + up).abs().mean((1, 2)))
+    assert err.mean() < 0.15  # every sample lies on one of the two modes
+    frac_up = (pred[:, -1, 0] > 0).float().mean()
+    assert 0.15 < frac_up < 0.85  # and both modes are used
+
+
+def test_rtc_guidance_keeps_the_committed_prefix_and_smooths_the_switch(trained):
+    state, prev = _synthetic(64, seed=7, sign=1.0)  # the previous chunk ramps up
+    d = 3
+    free = trained.sample(state, generator=torch.Generator().manual_seed(1))
+    guided = trained.sample(state, prefix=prev[:, : H - 4], delay=d,
+                            generator=torch.Generator().manual_seed(1))
+    err_free = (free[:, :d] - prev[:, :d]).abs().mean()
+    err_guided = (guided[:, :d] - prev[:, :d]).abs().mean()
+    assert err_guided < 0.1, err_guided
+    assert err_guided < 0.3 * err_free
+    assert (guided[:, -1, 0] > 0).float().mean() > 0.9  # continues in the prefix's mode
+    # discontinuity at the switch: the first new action vs the last committed one
+    jump_free = (free[:, d] - prev[:, d - 1]).abs().mean()
+    jump_guided = (guided[:, d] - prev[:, d - 1]).abs().mean()
+    assert jump_guided < jump_free
+
+
+def test_training_time_prefix_conditioning_keeps_prefix_and_masks_its_loss():
+    model = _train(_model("prefix", rtc_max_prefix=4), steps=200)
+    state = _synthetic(8, seed=3)[0]
+    prefix = torch.full((8, 2, M), 0.3)
+    out = model.sample(state, prefix=prefix, delay=2, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(out[:, :2], prefix)
+    # loss on prefix tokens is masked: corrupting the prefix part of the target changes nothing
+    s, chunks = _synthetic(32)
+    g = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+    model.cfg.rtc_max_prefix = H  # d ~ U{0..H}; with this seed some rows have long prefixes
+    base = model.loss(s, chunks, generator=g()).item()
+    assert np.isfinite(base)
+
+
+def test_soft_mask_and_weight_schedule():
+    w = rtc_soft_mask(16, 4, 8)
+    assert torch.all(w[:4] == 1) and torch.all(w[8:] == 0)
+    assert torch.all(w[4:8][1:] <= w[4:8][:-1]) and 0 < w[4] < 1
+    assert rtc_guidance_weight(0.0, 5.0) == 5.0 and rtc_guidance_weight(1.0, 5.0) == 5.0
+    assert rtc_guidance_weight(0.5, 5.0) == pytest.approx(2.0)  # (0.5/0.5) * 0.5 / 0.25
+    assert rtc_guidance_weight(0.5, 1.5) == 1.5  # clipped at beta
+
+
+def test_save_load_gives_identical_chunks(trained, tmp_path):
+    policy = FlowPolicy(trained.cfg, trained)
+    policy.save(str(tmp_path / "ckpt"))
+    loaded = FlowPolicy.load(str(tmp_path / "ckpt"))
+    s = np.ones(N, np.float32)
+    policy.reset(11)
+    loaded.reset(11)
+    np.testing.assert_array_equal(policy.predict_actions(s), loaded.predict_actions(s))
+    assert (tmp_path / "ckpt" / "model.safetensors").exists()
+
+
+def test_wrong_shape_observation_is_a_clear_error(trained):
+    policy = FlowPolicy(trained.cfg, trained)
+    with pytest.raises(ValueError, match=r"observation.state must have shape \(4,\)"):
+        policy.predict_actions(np.zeros(7))
+    with pytest.raises(FileNotFoundError, match="arli pretrain"):
+        FlowPolicy.load("/nonexistent/ckpt")

@@ -1,0 +1,40 @@
+"""The real entry points with tiny budgets: collect -> pretrain -> bench base."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from arli.policies.flow import FlowPolicy
+
+
+def _arli(*args, timeout=600):
+    proc = subprocess.run([sys.executable, "-m", "arli.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_pretrain_then_bench_base(tmp_path):
+    ds, ckpt, rep = tmp_path / "ds", tmp_path / "ckpt", tmp_path / "reports"
+    _arli("pretrain", "env=pick_cube", "demos=4", f"dataset_root={ds}", f"output_dir={ckpt}",
+          "steps=40", "batch_size=32", "eval_every=40", "eval_episodes=1", "policy.d_model=32",
+          "policy.n_heads=2", "policy.ff_dim=64", "policy.num_steps=2")
+    summary = json.loads((ckpt / "pretrain_summary.json").read_text())
+    assert summary["episodes"] == 4 and summary["history"][-1]["step"] == 40
+    policy = FlowPolicy.load(str(ckpt))
+    assert policy.cfg.instruction == "pick up the red cube and lift it"
+    chunk = policy.predict_actions(np.zeros(policy.cfg.state_dim, np.float32))
+    assert chunk.shape == (16, 5) and np.all(np.abs(chunk) <= 1)
+
+    out = _arli("bench", "base", "env=pick_cube", f"checkpoint={ckpt}", "episodes=2",
+                "delay_steps=[0,4]", "strategies=[sync,rtc]", f"report_dir={rep}")
+    last = json.loads(out.strip().splitlines()[-1])
+    assert last["env"] == "pick_cube"
+    keys = {(c["mode"], c["strategy"], c["delay_steps"]) for c in last["cells"]}
+    assert keys == {("sync", "none", 0), ("async", "rtc", 0), ("sync", "none", 4), ("async", "rtc", 4)}
+    assert all(c["episodes"] == 2 and 0 <= c["success"] <= 1 for c in last["cells"])
+    assert json.loads((rep / "base.json").read_text()) == last
+    assert (rep / "base.png").stat().st_size > 1000
