@@ -164,7 +164,7 @@ class FlowSchema:
     n_heads: int = 4
     ff_dim: int = 256
     num_steps: int = 10
-    rtc_mode: str = "prefix"  # none | guidance (inference-time RTC) | prefix (training-time RTC)
+    rtc_mode: str = "guidance"  # none | guidance (inference-time RTC) | prefix (training-time RTC)
     rtc_max_weight: float = 5.0
     rtc_max_prefix: int = 6
     execute_horizon: int = 8
@@ -189,7 +189,7 @@ class PretrainConfig:
     dataset_root: str = "data/demos/${env.name}"
     demos: int = 200  # collected first if the dataset is missing
     output_dir: str = "checkpoints/base_${env.name}"
-    steps: int = 4000
+    steps: int = 3000
     batch_size: int = 128
     lr: float = 3e-4
     weight_decay: float = 1e-4
