@@ -238,7 +238,9 @@ class ChunkScheduler:
             if not 0 <= slot < active.chunk_size:
                 holding, slot = True, -1
         if holding:
-            self.starved_steps += active is not None and self.in_flight is None
+            # starvation = the active chunk ran out (not the planned sync hold or first wait)
+            sync_wait = self.mode == "sync" and self.in_flight is not None
+            self.starved_steps += int(active is not None and not sync_wait)
         else:
             key = (active.request_id, slot)
             assert key > self._last_slot, f"slot {key} executed after {self._last_slot}"

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(_resolve(target)(cfg) or 0)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError) as exc:  # bad input or files: a message, not a traceback
         print(f"arli {words}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
+from arli.policies.flow_config import FlowHyperparams
+
 LATENCY_KINDS = ("fixed", "uniform", "lognormal", "trace")
 
 
@@ -155,22 +157,6 @@ def register_configs() -> None:
 
 
 @dataclass
-class FlowSchema:
-    """Built-in pi0-style flow policy (see arli.policies.flow.FlowPolicyConfig)."""
-
-    chunk_size: int = 16
-    d_model: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
-    ff_dim: int = 256
-    num_steps: int = 10
-    rtc_mode: str = "guidance"  # none | guidance (inference-time RTC) | prefix (training-time RTC)
-    rtc_max_weight: float = 5.0
-    rtc_max_prefix: int = 6
-    execute_horizon: int = 8
-
-
-@dataclass
 class CollectDemosConfig:
     """``arli collect-demos``: scripted-expert episodes into a LeRobotDataset v3."""
 
@@ -185,7 +171,7 @@ class PretrainConfig:
     """``arli pretrain``: behaviour cloning of the flow policy from the demo dataset."""
 
     env: EnvConfig = field(default_factory=EnvConfig)
-    policy: FlowSchema = field(default_factory=FlowSchema)
+    policy: FlowHyperparams = field(default_factory=FlowHyperparams)
     dataset_root: str = "data/demos/${env.name}"
     demos: int = 200  # collected first if the dataset is missing
     output_dir: str = "checkpoints/base_${env.name}"
@@ -214,14 +200,11 @@ class BenchBaseConfig:
     report_dir: str = "reports"
 
 
-def validate_flow(cfg: FlowSchema) -> None:
-    from arli.policies.flow import RTC_MODES  # noqa: PLC0415
-
-    _require(cfg.rtc_mode in RTC_MODES, "policy.rtc_mode", f"one of {RTC_MODES}", cfg.rtc_mode)
-    _require(cfg.chunk_size >= 2, "policy.chunk_size", ">= 2", cfg.chunk_size)
-    _require(cfg.d_model % cfg.n_heads == 0, "policy.d_model", f"a multiple of n_heads={cfg.n_heads}",
-             cfg.d_model)
-    _require(cfg.num_steps >= 1, "policy.num_steps", ">= 1", cfg.num_steps)
+def validate_flow(cfg: FlowHyperparams) -> None:
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def validate_collect(cfg: CollectDemosConfig) -> None:

@@ -55,6 +55,9 @@ def load_chunk_dataset(root: str, chunk_size: int, repo_id: str = "arli/local") 
     from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: PLC0415
 
     ds = LeRobotDataset(repo_id, root=root)
+    missing = [k for k in ("observation.state", "action", "episode_index") if k not in ds.features]
+    if missing:
+        raise ValueError(f"dataset {root} lacks feature(s) {missing}; it has {sorted(ds.features)}")
     table = ds.hf_dataset.with_format("numpy")
     state = np.asarray(table["observation.state"], np.float32)
     action = np.asarray(table["action"], np.float32)

@@ -6,18 +6,18 @@ import time
 from dataclasses import asdict
 from typing import Callable
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
-from arli.policies.flow import FlowChunkModel, FlowPolicy, FlowPolicyConfig
+from arli.policies.flow import FlowChunkModel, FlowPolicy
+from arli.policies.flow_config import FlowHyperparams, FlowPolicyConfig
 
 
-def build_policy(data: dict, flow_cfg: dict) -> FlowPolicy:
+def build_policy(data: dict, hyper: FlowHyperparams) -> FlowPolicy:
     """Flow policy sized for ``data`` with normalisation statistics from it."""
     state, chunks = data["state"], data["chunks"]
     cfg = FlowPolicyConfig(state_dim=state.shape[1], action_dim=chunks.shape[2],
-                           state_names=data["state_names"], instruction=data["task"], **flow_cfg)
+                           state_names=data["state_names"], instruction=data["task"], **asdict(hyper))
     model = FlowChunkModel(cfg)
     flat = chunks.reshape(-1, chunks.shape[2])
     with torch.no_grad():
@@ -68,25 +68,17 @@ def train_flow(policy: FlowPolicy, data: dict, steps: int, batch_size: int, lr: 
     return history
 
 
-def flow_kwargs(schema) -> dict:
-    """FlowSchema (Hydra) -> FlowPolicyConfig keyword arguments."""
-    return dict(asdict(schema)) if not isinstance(schema, dict) else dict(schema)
-
-
 def make_evaluator(env_name: str, episodes: int, seed: int, dt: float = 0.05) -> Callable[[FlowPolicy], float]:
     """Success of synchronous, zero-delay execution (the policy itself, no latency)."""
-    from arli.chunking import ChunkScheduler  # noqa: PLC0415
     from arli.latency import FixedLatency  # noqa: PLC0415
-    from arli.rollout import gripper_hold, run_episode  # noqa: PLC0415
+    from arli.rollout import evaluate_policy  # noqa: PLC0415
     from sim_envs import make_env  # noqa: PLC0415
 
+    env = make_env(env_name, dt=dt)
+
     def evaluate(policy: FlowPolicy) -> float:
-        env = make_env(env_name, dt=dt)
-        sched = ChunkScheduler(policy.chunk_size, policy.cfg.execute_horizon, policy.action_dim,
-                               "sync", "naive", 0, hold=gripper_hold())
-        rng = np.random.default_rng(seed)
-        wins = [run_episode(env, policy, sched, FixedLatency(0.0), rng, seed + i).success
-                for i in range(episodes)]
-        return float(np.mean(wins))
+        cell = evaluate_policy(env, policy, "sync", FixedLatency(0.0), episodes, seed,
+                               policy.cfg.execute_horizon)
+        return cell["success"]
 
     return evaluate

@@ -216,13 +216,12 @@ class PandaController:
         desired = np.array([[-sy, cy, 0.0], [cy, sy, 0.0], [0.0, 0.0, -1.0]])
         rot_err = 0.5 * sum(np.cross(rot[:, i], desired[:, i]) for i in range(3))
         err = np.concatenate([target - ee, rot_err])
-        damping = 1e-3
-        jjt = jac @ jac.T + damping * np.eye(6)
+        # Damped pseudo-inverse J^T (J J^T + lambda I)^-1, formed once per step: (7, 6)
+        pinv = jac.T @ np.linalg.inv(jac @ jac.T + 1e-3 * np.eye(6))
         q = d.qpos[self.qadr]
-        dq = jac.T @ np.linalg.solve(jjt, err)
+        dq = pinv @ err
         # Null-space pull toward the home posture keeps the elbow from drifting.
-        null = np.eye(7) - jac.T @ np.linalg.solve(jjt, jac)
-        dq += null @ (0.1 * (HOME_QPOS - q))
+        dq += (np.eye(7) - pinv @ jac) @ (0.1 * (HOME_QPOS - q))
         d.ctrl[self.arm_act] = q + dq
         width = FINGER_OPEN * (1.0 - float(np.clip(grip, -1.0, 1.0))) / 2.0
         d.ctrl[self.finger_act] = (width, -width)

@@ -75,7 +75,9 @@ def test_async_timeline_properties(H, data, strategy):
             t = info.step + 1 + k
             if t < len(executed):
                 np.testing.assert_array_equal(info.committed[k], executed[t])
-        assert not info.committed_mask[np.argmin(info.committed_mask):].any() or info.committed_mask.all()
+        n_valid = int(info.committed_mask.sum())
+        assert info.committed_mask[:n_valid].all()  # valid entries form a prefix of the block
+        assert not info.committed[n_valid:].any()  # padding is zero
     # 3. the committed prefix of each request is exactly what ran during its inference window
     for req in requests:
         if req.committed_prefix is not None:
@@ -84,6 +86,7 @@ def test_async_timeline_properties(H, data, strategy):
     # 4. with s <= H - d_max the robot is never starved once the first chunk landed
     first = next(i for i, info in enumerate(infos) if not info.starved)
     assert not any(info.starved for info in infos[first:])
+    assert sched.starved_steps == 0
 
 
 @settings(max_examples=50, deadline=None)
@@ -124,6 +127,17 @@ def test_late_chunk_skips_stale_slots_and_fully_stale_chunk_is_dropped():
     assert sched.deliver(req.request_id, _chunk(1, 4), 7)  # one step later than expected
     info = sched.step(7)
     assert info.index_in_chunk == 2  # slot for step 7, not slot 1 executed late
+
+
+def test_chunk_running_out_is_counted_as_starvation():
+    sched = ChunkScheduler(4, 4, M, "async", "naive", 0, hold=HOLD)
+    req = sched.make_request(Observation(np.zeros(1), 0), 0, 0)
+    sched.deliver(req.request_id, _chunk(0, 4), 0)
+    for t in range(4):
+        assert not sched.step(t).starved
+    sched.make_request(Observation(np.zeros(1), 4), 4, 3)  # late reply: steps 4..6 uncovered
+    assert all(sched.step(t).starved for t in (4, 5, 6))
+    assert sched.starved_steps == 3
 
 
 def test_deliver_rejects_bad_chunks():

@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-from tqdm import tqdm
-
 from arli.bench.common import machine_info, print_last_line_json, write_report
-from arli.chunking import ChunkScheduler
 from arli.config import BenchBaseConfig
 from arli.latency import FixedLatency
 from arli.policies.flow import FlowPolicy
-from arli.rollout import gripper_hold, run_episode
+from arli.rollout import cells_markdown, sweep
 from sim_envs import make_env
 
 
@@ -25,21 +21,6 @@ def ensure_checkpoint(cfg: BenchBaseConfig) -> None:
         cfg.pretrain.output_dir = cfg.checkpoint
         cfg.pretrain.env = cfg.env
         pretrain(cfg.pretrain)
-
-
-def evaluate_cell(policy: FlowPolicy, cfg: BenchBaseConfig, strategy: str, delay: int) -> dict:
-    H = policy.chunk_size
-    mode = "sync" if strategy == "sync" else "async"
-    horizon = cfg.execute_horizon if mode == "sync" else min(max(cfg.execute_horizon, delay), H - delay)
-    sched = ChunkScheduler(H, horizon, policy.action_dim, mode, "naive" if mode == "sync" else strategy,
-                           delay, cfg.blend_steps, hold=gripper_hold())
-    env = make_env(cfg.env.name, dt=cfg.env.dt)
-    rng = np.random.default_rng(cfg.seed)
-    latency = FixedLatency(delay * cfg.env.dt)
-    results = [run_episode(env, policy, sched, latency, rng, cfg.seed + i) for i in range(cfg.episodes)]
-    return {"mode": mode, "strategy": strategy if mode == "async" else "none", "delay_steps": delay,
-            "execute_horizon": horizon, "success": float(np.mean([r.success for r in results])),
-            "episodes": len(results), "mean_steps": float(np.mean([r.steps for r in results]))}
 
 
 def plot(cells: list[dict], path: str, title: str) -> None:
@@ -69,21 +50,14 @@ def plot(cells: list[dict], path: str, title: str) -> None:
 def main(cfg: BenchBaseConfig) -> int:
     ensure_checkpoint(cfg)
     policy = FlowPolicy.load(cfg.checkpoint)
-    grid = [(s, d) for d in cfg.delay_steps for s in cfg.strategies
-            if s == "sync" or 2 * d <= policy.chunk_size]
-    skipped = [(s, d) for d in cfg.delay_steps for s in cfg.strategies if (s, d) not in grid]
-    cells = []
-    for strategy, delay in tqdm(grid, desc="bench base", unit="cell"):
-        cells.append(evaluate_cell(policy, cfg, strategy, delay))
-        c = cells[-1]
-        tqdm.write(f"{c['mode']:>5} {c['strategy']:>6} d={delay}: success {c['success']:.2f}")
+    env = make_env(cfg.env.name, dt=cfg.env.dt)
+    latencies = [FixedLatency(d * cfg.env.dt) for d in cfg.delay_steps]
+    cells, skipped = sweep(env, policy, list(cfg.strategies), latencies, cfg.episodes, cfg.seed,
+                           cfg.execute_horizon, cfg.blend_steps, "bench base")
     payload = {"env": cfg.env.name, "cells": cells}
     os.makedirs(cfg.report_dir, exist_ok=True)
     plot(cells, os.path.join(cfg.report_dir, "base.png"),
          f"base flow policy on {cfg.env.name} ({cfg.episodes} episodes/cell)")
-    rows = "\n".join(
-        f"| {c['mode']} | {c['strategy']} | {c['delay_steps']} | {c['execute_horizon']} | "
-        f"{c['success']:.2f} | {c['mean_steps']:.0f} |" for c in cells)
     md = (
         f"# Base policy under inference latency — `{cfg.env.name}`\n\n"
         f"Command: `arli bench base env={cfg.env.name} episodes={cfg.episodes}`\n\n"
@@ -91,9 +65,8 @@ def main(cfg: BenchBaseConfig) -> int:
         f"{policy.cfg.num_steps} Euler steps, RTC mode `{policy.cfg.rtc_mode}`, "
         f"beta = {policy.cfg.rtc_max_weight}). Same evaluation seeds in every cell "
         f"({cfg.seed} ..), {cfg.episodes} episodes per cell; latency simulated in sim time.\n\n"
-        "| mode | strategy | delay_steps | execute_horizon | success | mean steps |\n"
-        "|---|---|---:|---:|---:|---:|\n" + rows + "\n\n![success vs delay](base.png)\n\n"
-        + (f"Skipped (need chunk_size >= 2 d): {skipped}\n\n" if skipped else "")
+        + cells_markdown(cells) + "\n![success vs delay](base.png)\n\n"
+        + (f"Skipped: {skipped}\n\n" if skipped else "")
         + f"Machine: {machine_info()}\n"
     )
     write_report(cfg.report_dir, "base", payload, md)

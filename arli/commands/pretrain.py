@@ -8,14 +8,11 @@ import time
 
 from arli.config import CollectDemosConfig, PretrainConfig
 from arli.demos import collect_demos, load_chunk_dataset
-from arli.pretrain import build_policy, flow_kwargs, make_evaluator, train_flow
+from arli.pretrain import build_policy, make_evaluator, train_flow
 
 
 def collect_main(cfg: CollectDemosConfig) -> int:
-    fps_dt = cfg.env.dt
-    if os.path.exists(cfg.root) and os.listdir(cfg.root):
-        raise ValueError(f"dataset root {cfg.root} already exists; pass root=<new dir> or delete it")
-    out = collect_demos(cfg.env.name, cfg.episodes, cfg.root, cfg.seed, fps_dt, cfg.env.image_size)
+    out = collect_demos(cfg.env.name, cfg.episodes, cfg.root, cfg.seed, cfg.env.dt, cfg.env.image_size)
     print(f"recorded {out['episodes']} successful episodes ({out['attempts']} attempts) -> {cfg.root}")
     return 0
 
@@ -31,7 +28,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
     ensure_demos(cfg)
     start = time.time()
     data = load_chunk_dataset(cfg.dataset_root, cfg.policy.chunk_size)
-    policy = build_policy(data, flow_kwargs(cfg.policy))
+    policy = build_policy(data, cfg.policy)
     evaluate = make_evaluator(cfg.env.name, cfg.eval_episodes, seed=50_000, dt=cfg.env.dt)
     history = train_flow(policy, data, cfg.steps, cfg.batch_size, cfg.lr, cfg.weight_decay,
                          cfg.seed, evaluate, cfg.eval_every)

@@ -14,45 +14,15 @@ import json
 import math
 import os
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import numpy as np
 import torch
 from torch import nn
 
-from arli.policies.flow_math import (interpolate, rtc_guidance_weight, rtc_soft_mask,
-                                     sample_time)
-
-RTC_MODES = ("none", "guidance", "prefix")
-
-
-@dataclass
-class FlowPolicyConfig:
-    state_dim: int = 0
-    action_dim: int = 5
-    chunk_size: int = 16
-    d_model: int = 128
-    n_layers: int = 3
-    n_heads: int = 4
-    ff_dim: int = 256
-    vocab_size: int = 512  # hashed word vocabulary of the instruction embedding
-    image_size: int = 0  # 0 = state only
-    num_steps: int = 10  # Euler integration steps at inference
-    rtc_mode: str = "guidance"  # none | guidance (inference-time RTC) | prefix (training-time)
-    rtc_max_weight: float = 5.0  # beta, clip of the guidance weight
-    rtc_max_prefix: int = 6  # training-time RTC: max sampled delay
-    execute_horizon: int = 8  # s, used by the RTC soft mask
-    state_names: list[str] = field(default_factory=list)
-    instruction: str = ""
-
-    def validate(self) -> None:
-        if self.state_dim < 1 or self.action_dim < 1 or self.chunk_size < 1:
-            raise ValueError(f"state_dim/action_dim/chunk_size must be >= 1: {self}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if self.rtc_mode not in RTC_MODES:
-            raise ValueError(f"rtc_mode must be one of {RTC_MODES}, got {self.rtc_mode!r}")
-
+from arli.policies.flow_config import RTC_MODES, FlowPolicyConfig  # noqa: F401 - re-export
+from arli.policies.flow_math import (rtc_guidance_weight, rtc_soft_mask, sample_time,
+                                     training_inputs)
 
 def hash_tokens(text: str, vocab: int, max_len: int = 16) -> torch.Tensor:
     """Deterministic word-hash token ids (max_len,), 0 = padding."""
@@ -121,18 +91,15 @@ class FlowChunkModel(nn.Module):
     def loss(self, state: torch.Tensor, actions: torch.Tensor, image: torch.Tensor | None = None,
              generator: torch.Generator | None = None) -> torch.Tensor:
         """Flow-matching loss on normalised state (B, n) and action chunks (B, H, m)."""
-        B, H, _ = actions.shape
+        B = actions.shape[0]
         noise = torch.randn(actions.shape, generator=generator)
-        t = sample_time(B, generator)[:, None].expand(B, H).clone()
-        weight = torch.ones(B, H)
-        if self.cfg.rtc_mode == "prefix":  # training-time RTC: clean committed prefix
-            d = torch.randint(0, self.cfg.rtc_max_prefix + 1, (B,), generator=generator)
-            prefix = torch.arange(H)[None] < d[:, None]
-            t = torch.where(prefix, torch.zeros_like(t), t)
-            weight = (~prefix).float()
-        x = interpolate(actions, noise, t)
-        v = self.velocity(self.context(state, image), x, t)
-        err = ((v - (noise - actions)) ** 2).mean(-1)
+        t = sample_time(B, generator)
+        prefix_len = torch.zeros(B, dtype=torch.long)
+        if self.cfg.rtc_mode == "prefix":  # training-time RTC: random committed prefix
+            prefix_len = torch.randint(0, self.cfg.rtc_max_prefix + 1, (B,), generator=generator)
+        x, t_tok, target, weight = training_inputs(actions, noise, t, prefix_len)
+        v = self.velocity(self.context(state, image), x, t_tok)
+        err = ((v - target) ** 2).mean(-1)
         return (err * weight).sum() / weight.sum().clamp(min=1.0)
 
     # -- sampling ----------------------------------------------------------------------

@@ -28,6 +28,21 @@ def interpolate(actions: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> 
     return tt * noise + (1.0 - tt) * actions
 
 
+def training_inputs(actions: torch.Tensor, noise: torch.Tensor, t: torch.Tensor,
+                    prefix_len: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inputs of one flow-matching step with training-time RTC.
+
+    actions, noise (B, H, m); t (B,) flow time; prefix_len (B,) committed slots per example
+    (0 = plain flow matching). The first prefix_len slots are given clean (time 0) and get
+    zero loss weight. Returns x_t (B, H, m), per-token t (B, H), target velocity (B, H, m),
+    loss weight (B, H).
+    """
+    B, H, _ = actions.shape
+    prefix = torch.arange(H)[None] < prefix_len[:, None]
+    t_tok = torch.where(prefix, torch.zeros(B, H), t[:, None].expand(B, H))
+    return interpolate(actions, noise, t_tok), t_tok, noise - actions, (~prefix).float()
+
+
 def rtc_soft_mask(H: int, delay: int, execute_horizon: int) -> torch.Tensor:
     """Prefix weights W (H,): 1 on the committed prefix, exponential decay over the rest of
     the overlap with the previous chunk, 0 on actions the previous chunk never planned."""

@@ -1,0 +1,55 @@
+"""Configuration of the built-in flow policy (no torch import: the CLI schema uses it).
+
+``FlowHyperparams`` is what a user sets (the ``policy`` group of ``arli pretrain``);
+``FlowPolicyConfig`` adds what the data determines and is saved with the checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+RTC_MODES = ("none", "guidance", "prefix")
+
+
+@dataclass
+class FlowHyperparams:
+    chunk_size: int = 16  # H
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    ff_dim: int = 256
+    num_steps: int = 10  # Euler integration steps at inference
+    rtc_mode: str = "guidance"  # none | guidance (inference-time RTC) | prefix (training-time RTC)
+    rtc_max_weight: float = 5.0  # beta, clip of the guidance weight
+    rtc_max_prefix: int = 6  # training-time RTC: max sampled delay
+    execute_horizon: int = 8  # s, used by the RTC soft mask
+
+    def validate(self) -> None:
+        """ValueError naming the ``policy.*`` field that is out of range."""
+        if self.chunk_size < 2:
+            raise ValueError(f"policy.chunk_size: expected >= 2, got {self.chunk_size}")
+        if self.d_model < 1 or self.n_heads < 1 or self.d_model % self.n_heads:
+            raise ValueError(f"policy.d_model: expected a positive multiple of n_heads={self.n_heads}, "
+                             f"got {self.d_model}")
+        if self.num_steps < 1:
+            raise ValueError(f"policy.num_steps: expected >= 1, got {self.num_steps}")
+        if self.rtc_mode not in RTC_MODES:
+            raise ValueError(f"policy.rtc_mode: expected one of {RTC_MODES}, got {self.rtc_mode!r}")
+        if not 1 <= self.execute_horizon <= self.chunk_size:
+            raise ValueError(f"policy.execute_horizon: expected in [1, {self.chunk_size}], "
+                             f"got {self.execute_horizon}")
+
+
+@dataclass
+class FlowPolicyConfig(FlowHyperparams):
+    state_dim: int = 0
+    action_dim: int = 5
+    vocab_size: int = 512  # hashed word vocabulary of the instruction embedding
+    image_size: int = 0  # 0 = state only
+    state_names: list[str] = field(default_factory=list)
+    instruction: str = ""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.state_dim < 1 or self.action_dim < 1:
+            raise ValueError(f"state_dim and action_dim must be >= 1, got {self.state_dim}, {self.action_dim}")
