@@ -11,6 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
+from arli.policies.base import BasePolicy
 from sim_envs.franka import CartesianLimits
 from sim_envs.peg_insert import HOLE_HALF, PEG_HALF_LEN, RIM_HEIGHT
 
@@ -142,7 +143,7 @@ def predict_state(task: str, state: np.ndarray, action: np.ndarray, dt: float = 
     return s
 
 
-class ExpertChunkPolicy:
+class ExpertChunkPolicy(BasePolicy):
     """Chunk policy that plans H actions open-loop by rolling the expert on predicted states.
 
     With a committed prefix (RTC) it plans from the state predicted after the prefix and

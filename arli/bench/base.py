@@ -8,7 +8,7 @@ import os
 from arli.bench.common import machine_info, print_last_line_json, write_report
 from arli.config import BenchBaseConfig
 from arli.latency import FixedLatency
-from arli.policies.flow import FlowPolicy
+from arli.policies.lerobot_adapter import load_base_policy
 from arli.rollout import cells_markdown, sweep
 from sim_envs import make_env
 
@@ -21,6 +21,14 @@ def ensure_checkpoint(cfg: BenchBaseConfig) -> None:
         cfg.pretrain.output_dir = cfg.checkpoint
         cfg.pretrain.env = cfg.env
         pretrain(cfg.pretrain)
+
+
+def describe(policy) -> str:
+    cfg = policy.cfg
+    if getattr(cfg, "rtc_mode", None) is not None:
+        return (f"built-in pi0-style flow policy, H = {policy.chunk_size}, {cfg.num_steps} Euler "
+                f"steps, RTC mode `{cfg.rtc_mode}`, beta = {cfg.rtc_max_weight}")
+    return f"LeRobot `{cfg.type}` policy, H = {policy.chunk_size}"
 
 
 def plot(cells: list[dict], path: str, title: str) -> None:
@@ -49,8 +57,8 @@ def plot(cells: list[dict], path: str, title: str) -> None:
 
 def main(cfg: BenchBaseConfig) -> int:
     ensure_checkpoint(cfg)
-    policy = FlowPolicy.load(cfg.checkpoint)
     env = make_env(cfg.env.name, dt=cfg.env.dt)
+    policy = load_base_policy(cfg.checkpoint, task=env.unwrapped.instruction)
     latencies = [FixedLatency(d * cfg.env.dt) for d in cfg.delay_steps]
     cells, skipped = sweep(env, policy, list(cfg.strategies), latencies, cfg.episodes, cfg.seed,
                            cfg.execute_horizon, cfg.blend_steps, "bench base")
@@ -61,9 +69,7 @@ def main(cfg: BenchBaseConfig) -> int:
     md = (
         f"# Base policy under inference latency — `{cfg.env.name}`\n\n"
         f"Command: `arli bench base env={cfg.env.name} episodes={cfg.episodes}`\n\n"
-        f"Policy: built-in pi0-style flow policy `{cfg.checkpoint}` (H = {policy.chunk_size}, "
-        f"{policy.cfg.num_steps} Euler steps, RTC mode `{policy.cfg.rtc_mode}`, "
-        f"beta = {policy.cfg.rtc_max_weight}). Same evaluation seeds in every cell "
+        f"Policy: `{cfg.checkpoint}` ({describe(policy)}). Same evaluation seeds in every cell "
         f"({cfg.seed} ..), {cfg.episodes} episodes per cell; latency simulated in sim time.\n\n"
         + cells_markdown(cells) + "\n![success vs delay](base.png)\n\n"
         + (f"Skipped: {skipped}\n\n" if skipped else "")

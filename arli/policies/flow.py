@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from arli.policies.base import BasePolicy
 from arli.policies.flow_config import RTC_MODES, FlowPolicyConfig  # noqa: F401 - re-export
 from arli.policies.flow_math import (rtc_guidance_weight, rtc_soft_mask, sample_time,
                                      training_inputs)
@@ -153,7 +154,7 @@ class FlowChunkModel(nn.Module):
         return x.detach()
 
 
-class FlowPolicy:
+class FlowPolicy(BasePolicy):
     """Base-policy wrapper: numpy in, numpy out, normalisation, save/load."""
 
     def __init__(self, cfg: FlowPolicyConfig, model: FlowChunkModel | None = None):

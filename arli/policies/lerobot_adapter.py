@@ -9,13 +9,13 @@ queues before asking for a chunk (LeRobot's async server does not, its issue #34
 from __future__ import annotations
 
 import os
-from collections import deque
-
 import numpy as np
 import torch
 
+from arli.policies.base import BasePolicy
 
-class LeRobotPolicyAdapter:
+
+class LeRobotPolicyAdapter(BasePolicy):
     """``predict_actions(state, ...) -> (H, m)`` for a saved LeRobot policy directory."""
 
     def __init__(self, path: str, device: str = "cpu", task: str = ""):
@@ -40,12 +40,11 @@ class LeRobotPolicyAdapter:
         self.env_state = "observation.environment_state" in feats
         self.action_dim = int(cfg.output_features["action"].shape[0])
         self.n_obs_steps = int(getattr(cfg, "n_obs_steps", 1) or 1)
+        # actions per chunk the policy is meant to execute (LeRobot's n_action_steps)
         self.chunk_size = int(getattr(cfg, "n_action_steps", None) or getattr(cfg, "chunk_size"))
-        self._history: deque = deque(maxlen=self.n_obs_steps)
 
     def reset(self, seed: int | None = None) -> None:
-        self.policy.reset()
-        self._history.clear()
+        self.policy.reset()  # clears the observation history of history-based policies
         if seed is not None:
             torch.manual_seed(seed)
 
@@ -68,19 +67,39 @@ class LeRobotPolicyAdapter:
                         guidance: np.ndarray | None = None) -> np.ndarray:
         """(n,) -> (H, m). The committed prefix is written into the first slots (LeRobot
         policies have no prefix conditioning of their own)."""
-        batch = self.pre(self._batch(state, image))
-        if hasattr(self.policy, "_queues"):  # history-based policies (Diffusion)
+        processed = self.pre(self._batch(state, image))
+        # the processor pipeline adds transition keys (action, reward, ...): keep observations
+        batch = {k: v for k, v in processed.items() if k.startswith("observation.") or k == "task"}
+        if hasattr(self.policy, "_queues"):
+            # History-based policies (Diffusion) read the last n_obs_steps observations from
+            # their queues; the first call fills them with copies (LeRobot's convention).
             from lerobot.policies.utils import populate_queues  # noqa: PLC0415
 
-            if not self._history:  # first call: LeRobot's own convention, repeat the first obs
-                self.policy.reset()
             self.policy._queues = populate_queues(self.policy._queues, batch, exclude_keys=["action"])
-            self._history.append(batch[self.state_key])
-        chunk = self.policy.predict_action_chunk(batch)  # (1, H, m), normalised
+        chunk = self.policy.predict_action_chunk(batch)  # (1, >= H, m), normalised
         actions = self.post(chunk)[0].cpu().numpy().astype(np.float32)
-        if actions.ndim != 2 or actions.shape[1] != self.action_dim:
-            raise ValueError(f"policy returned actions of shape {actions.shape}, expected (H, {self.action_dim})")
+        if actions.ndim != 2 or actions.shape[1] != self.action_dim or len(actions) < self.chunk_size:
+            raise ValueError(f"policy returned actions of shape {actions.shape}, expected "
+                             f"(>= {self.chunk_size}, {self.action_dim})")
+        actions = actions[: self.chunk_size]
         if committed_prefix is not None and len(committed_prefix):
             k = min(len(committed_prefix), len(actions))
             actions[:k] = committed_prefix[:k]
         return np.clip(actions, -1.0, 1.0)
+
+
+def load_base_policy(path: str, task: str = ""):
+    """Built-in flow checkpoint or any LeRobot policy directory -> base policy object."""
+    import json  # noqa: PLC0415
+
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.exists(cfg_path):
+        raise FileNotFoundError(f"no policy checkpoint at {path} (missing config.json); "
+                                "run `arli pretrain` or point to a LeRobot policy directory")
+    with open(cfg_path, encoding="utf-8") as fh:
+        kind = json.load(fh).get("type")
+    if kind == "arli_flow":
+        from arli.policies.flow import FlowPolicy  # noqa: PLC0415
+
+        return FlowPolicy.load(path)
+    return LeRobotPolicyAdapter(path, task=task)
