@@ -120,6 +120,7 @@ class ChunkScheduler:
         self.in_flight: _InFlight | None = None
         self.next_request_step = 0
         self.last_request_step = -1
+        self.last_request_obs: Observation | None = None
         self.last_delay_steps = 0
         self._next_request_id = 0
         self._last_step = -1
@@ -148,8 +149,7 @@ class ChunkScheduler:
             raise ValueError(f"delay_steps must be >= 0, got {delay_steps}")
         prefix = guidance = None
         if self.mode == "async" and self.strategy == "rtc":
-            prefix = np.stack([self._scheduled(step + k) for k in range(delay_steps)]) \
-                if delay_steps else np.zeros((0, self.action_dim), np.float32)
+            prefix = self._rollout(step, delay_steps, self._last_action)
             tail = []  # what the active chunk planned beyond the prefix, over the overlap
             for k in range(delay_steps, self.chunk_size - self.execute_horizon):
                 planned = self._chunk_action(self.active, step + k)
@@ -161,6 +161,7 @@ class ChunkScheduler:
         self._next_request_id += 1
         self.in_flight = _InFlight(request, step + delay_steps)
         self.last_request_step = step
+        self.last_request_obs = observation
         self.last_delay_steps = delay_steps
         self.next_request_step = step + self.execute_horizon
         return request
@@ -202,13 +203,17 @@ class ChunkScheduler:
         slot = chunk.slot_for(step)
         return chunk.actions[slot] if 0 <= slot < chunk.chunk_size else None
 
-    def _scheduled(self, step: int) -> np.ndarray:
-        """Action that will run at ``step`` if no new chunk lands before it. (m,)"""
+    def _scheduled(self, step: int, last: np.ndarray | None = None) -> np.ndarray:
+        """Action that will run at ``step`` if no new chunk lands before it. (m,)
+
+        ``last``: the action executed just before (what a hold keeps the gripper at).
+        """
+        last = self._last_action if last is None else last
         if self.mode == "sync" and self.in_flight is not None:
-            return self.hold(self._last_action)
+            return self.hold(last)
         new = self._chunk_action(self.active, step)
         if new is None:
-            return self.hold(self._last_action)
+            return self.hold(last)
         if self.strategy == "blend" and self.previous is not None:
             k = step - self.switch_step
             old = self._chunk_action(self.previous, step)
@@ -217,18 +222,41 @@ class ChunkScheduler:
                 return ((1.0 - w) * old + w * new).astype(np.float32)
         return new
 
-    def _certain_until(self) -> int:
-        """First step whose action may still change (a chunk could land there)."""
+    def _rollout(self, start: int, count: int, last: np.ndarray | None) -> np.ndarray:
+        """Scheduled actions for steps start .. start+count-1, holds chained. (count, m)"""
+        out = np.zeros((count, self.action_dim), np.float32)
+        for k in range(count):
+            out[k] = last = self._scheduled(start + k, last)
+        return out
+
+    def _certain_until(self, step: int) -> int:
+        """First step after ``step`` whose action may still change (a chunk could land)."""
         if self.in_flight is not None:
             return self.in_flight.expected_arrival
         if self.mode == "sync":
-            return self.next_request_step if self.active is not None else self._last_step + 1
+            return self.next_request_step if self.active is not None else step + 1
         return self.next_request_step
 
     def step(self, step: int) -> StepInfo:
         """Action for control step ``step`` (call once per step, increasing)."""
         if step <= self._last_step:
             raise RuntimeError(f"steps must increase: got {step} after {self._last_step}")
+        info = self.peek(step)
+        if info.starved:
+            # starvation = the active chunk ran out (not the planned sync hold or first wait)
+            sync_wait = self.mode == "sync" and self.in_flight is not None
+            self.starved_steps += int(self.active is not None and not sync_wait)
+        else:
+            key = (info.chunk_id, info.index_in_chunk)
+            assert key > self._last_slot, f"slot {key} executed after {self._last_slot}"
+            self._last_slot = key
+        self._last_step = step
+        self._last_action = info.base_action
+        return info
+
+    def peek(self, step: int) -> StepInfo:
+        """What ``step(step)`` would return, without advancing (e.g. the state after the
+        last step of an episode, for bootstrapping)."""
         action = np.array(self._scheduled(step), dtype=np.float32)
         active = self.active
         slot = -1
@@ -237,24 +265,12 @@ class ChunkScheduler:
             slot = active.slot_for(step)
             if not 0 <= slot < active.chunk_size:
                 holding, slot = True, -1
-        if holding:
-            # starvation = the active chunk ran out (not the planned sync hold or first wait)
-            sync_wait = self.mode == "sync" and self.in_flight is not None
-            self.starved_steps += int(active is not None and not sync_wait)
-        else:
-            key = (active.request_id, slot)
-            assert key > self._last_slot, f"slot {key} executed after {self._last_slot}"
-            self._last_slot = key
-        self._last_step = step
-        self._last_action = action
-
         K = self.committed_len
         committed = np.zeros((K, self.action_dim), np.float32)
         mask = np.zeros(K, dtype=bool)
-        horizon = min(K, self._certain_until() - step - 1)
-        for k in range(max(horizon, 0)):
-            committed[k] = self._scheduled(step + 1 + k)
-            mask[k] = True
+        horizon = max(0, min(K, self._certain_until(step) - step - 1))
+        committed[:horizon] = self._rollout(step + 1, horizon, action)
+        mask[:horizon] = True
         flight = self.in_flight
         if flight is not None:
             until_switch = flight.expected_arrival - step
@@ -273,4 +289,5 @@ class ChunkScheduler:
             delay_steps=self.last_delay_steps,
             starved=holding,
             planned_obs=flight.request.observation if flight is not None else None,
+            request_obs=self.last_request_obs,
         )

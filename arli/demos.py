@@ -10,6 +10,8 @@ from sim_envs import make_env, task_name
 from sim_envs.base import ACTION_NAMES
 from sim_envs.experts import EXPERTS
 
+IMAGE_KEY = "observation.images.front"
+
 
 def collect_demos(env_name: str, episodes: int, root: str, seed: int = 0, dt: float = 0.05,
                   image_size: int = 0, only_success: bool = True) -> dict:
@@ -32,7 +34,7 @@ def collect_demos(env_name: str, episodes: int, root: str, seed: int = 0, dt: fl
                 action = expert(obs["state"])
                 nxt, reward, term, trunc, info = env.step(action)
                 done = term or trunc
-                images = {"front": obs["image"]} if image_size else None
+                images = {IMAGE_KEY.rsplit(".", 1)[1]: obs["image"]} if image_size else None
                 rec.add_frame(obs["state"], action, reward, done, info["is_success"],
                               env.instruction, images)
                 obs = nxt
@@ -50,7 +52,7 @@ def load_chunk_dataset(root: str, chunk_size: int, repo_id: str = "arli/local") 
 
     Returns state (N, n), chunks (N, H, m) of future actions padded past the episode end
     with the hold action (no motion, last gripper command), episode_index (N,), task str,
-    fps, state_names.
+    fps, state_names, images (N, S, S, 3) uint8 or None.
     """
     from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: PLC0415
 
@@ -72,7 +74,10 @@ def load_chunk_dataset(root: str, chunk_size: int, repo_id: str = "arli/local") 
             chunks[i, : len(take)] = take
             if len(take) < chunk_size:
                 chunks[i, len(take):, -1] = take[-1, -1]  # hold: keep the gripper command
+    images = None
+    if IMAGE_KEY in ds.features:  # (N, S, S, 3) uint8, for the policy's CNN
+        images = np.stack([np.asarray(img, dtype=np.uint8) for img in table[IMAGE_KEY]])
     names = ds.meta.features["observation.state"]["names"]
     task = ds.meta.tasks.index[0] if len(ds.meta.tasks) else ""
     return {"state": state, "chunks": chunks, "episode_index": episode, "task": str(task),
-            "fps": ds.fps, "state_names": list(names or [])}
+            "fps": ds.fps, "state_names": list(names or []), "images": images}

@@ -7,7 +7,7 @@ scheduler ``d`` control steps later, exactly as if inference had taken ``d * dt`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -38,12 +38,26 @@ class EpisodeResult:
     delays: list[int] = field(default_factory=list)
 
 
-StepHook = Callable[[int, dict, StepInfo], None]
-
-
 def gripper_hold(action_dim: int = 5):
     """Hold for our delta-action tasks: no motion, keep the gripper command."""
     return make_hold(action_dim, absolute_dims=(action_dim - 1,))
+
+
+class StepController:
+    """Decides the executed action and sees the outcome of every step of ``run_episode``.
+
+    The default executes the base action; the residual learner and the intervener
+    override ``act`` and collect transitions in ``after_step`` / ``end``.
+    """
+
+    def act(self, t: int, obs: dict, info: StepInfo) -> np.ndarray:
+        return info.base_action
+
+    def after_step(self, t: int, reward: float, terminated: bool, truncated: bool) -> None:
+        """Outcome of the action chosen by ``act`` at step t."""
+
+    def end(self, obs: dict, info: StepInfo, terminated: bool, truncated: bool) -> None:
+        """Episode over: the final observation and what the scheduler would do next."""
 
 
 def run_episode(
@@ -53,9 +67,10 @@ def run_episode(
     latency: LatencyModel,
     rng: np.random.Generator,
     seed: int,
-    on_step: StepHook | None = None,
+    controller: StepController | None = None,
 ) -> EpisodeResult:
-    """One episode; ``on_step(t, obs, info)`` sees every executed step."""
+    """One episode with the base policy's chunks under sim-time latency."""
+    ctl = controller or StepController()
     dt = float(getattr(env.unwrapped, "dt", 0.05))
     obs, info = env.reset(seed=seed)
     policy.reset(seed)
@@ -63,14 +78,14 @@ def run_episode(
     pending: list[tuple[int, int, np.ndarray]] = []  # (arrival step, request id, actions)
     delays: list[int] = []
     t = 0
-    done = False
+    terminated = truncated = False
 
     def land(step: int) -> None:
         for item in [p for p in pending if p[0] <= step]:
             pending.remove(item)
             scheduler.deliver(item[1], item[2], step)
 
-    while not done:
+    while not (terminated or truncated):
         land(t)  # chunks that arrived during the last period switch in first
         if scheduler.should_request(t):
             d = to_delay_steps(latency.sample(rng), dt)
@@ -81,11 +96,12 @@ def run_episode(
             delays.append(d)
             land(t)  # d = 0: available before this step runs
         step_info = scheduler.step(t)
-        if on_step is not None:
-            on_step(t, obs, step_info)
-        obs, _, terminated, truncated, info = env.step(step_info.base_action)
-        done = terminated or truncated
+        action = ctl.act(t, obs, step_info)
+        obs, reward, terminated, truncated, info = env.step(action)
+        ctl.after_step(t, float(reward), terminated, truncated)
         t += 1
+    land(t)
+    ctl.end(obs, scheduler.peek(t), terminated, truncated)
     return EpisodeResult(bool(info["is_success"]), t, len(delays), scheduler.starved_steps, delays)
 
 
@@ -106,6 +122,7 @@ def evaluate_policy(
     seed: int,
     execute_horizon: int = 8,
     blend_steps: int = 4,
+    controller: StepController | None = None,
 ) -> dict:
     """Success of ``policy`` over ``episodes`` seeded episodes for one (strategy, latency) cell.
 
@@ -123,7 +140,8 @@ def evaluate_policy(
                                "naive" if mode == "sync" else strategy, max_delay, blend_steps,
                                hold=gripper_hold(env.action_space.shape[0]))
     rng = np.random.default_rng(seed)
-    results = [run_episode(env, policy, scheduler, latency, rng, seed + i) for i in range(episodes)]
+    results = [run_episode(env, policy, scheduler, latency, rng, seed + i, controller)
+               for i in range(episodes)]
     return {
         "mode": mode, "strategy": strategy if mode == "async" else "none",
         "delay_steps": max_delay, "execute_horizon": horizon,

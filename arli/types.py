@@ -80,6 +80,7 @@ class StepInfo:
     steps_until_switch: steps until the in-flight chunk lands (-1 if none in flight).
     index_in_chunk: slot of ``base_action`` in its chunk (-1 when holding).
     planned_obs: observation the in-flight chunk was planned from (None if none in flight).
+    request_obs: observation of the latest request (o_t0), in flight or landed.
     starved: True when the hold action ran because no chunk slot covers this step (waiting
     for the first chunk, the sync inference window, or the active chunk ran out).
     """
@@ -96,3 +97,4 @@ class StepInfo:
     delay_steps: int
     starved: bool
     planned_obs: Observation | None = None
+    request_obs: Observation | None = None

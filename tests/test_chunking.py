@@ -179,3 +179,30 @@ def test_blend_is_continuous_at_the_switch():
 def test_impossible_execute_horizon_is_a_clear_error(H, s, d, msg):
     with pytest.raises(ValueError, match=msg):
         validate_horizon(H, s, d, "async")
+
+
+def test_peek_matches_step_and_changes_nothing():
+    sched = ChunkScheduler(8, 4, M, "async", "naive", 2, hold=make_hold(M, absolute_dims=(1,)))
+    executed, infos, _ = drive(sched, [2], 12)
+    state = (sched._last_step, sched._last_slot, sched.starved_steps)
+    peeked = sched.peek(12)
+    assert (sched._last_step, sched._last_slot, sched.starved_steps) == state
+    stepped = sched.step(12)
+    np.testing.assert_array_equal(peeked.base_action, stepped.base_action)
+    np.testing.assert_array_equal(peeked.committed, stepped.committed)
+    assert peeked.request_obs is not None and peeked.request_obs.step == 8
+
+
+def test_holds_keep_the_gripper_in_committed_and_prefix():
+    """Absolute dims (the gripper) are held at the last value through chained holds."""
+    hold = make_hold(M, absolute_dims=(1,))
+    sched = ChunkScheduler(4, 2, M, "async", "rtc", 2, hold=hold)
+    req = sched.make_request(Observation(np.zeros(1), 0), 0, 0)
+    sched.deliver(req.request_id, _chunk(0, 4), 0)
+    for t in range(3):
+        sched.step(t)
+    # chunk 0 covers steps 0..3; steps 4, 5 would be holds keeping slot 3's value (3.0)
+    req = sched.make_request(Observation(np.zeros(1), 3), 3, 3)
+    np.testing.assert_array_equal(req.committed_prefix[:, 1], [3.0, 3.0, 3.0])
+    info = sched.step(3)
+    np.testing.assert_array_equal(info.committed[:2, 1], [3.0, 3.0])

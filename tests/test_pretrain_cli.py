@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from arli.policies.flow import FlowPolicy
 
@@ -38,3 +39,28 @@ def test_pretrain_then_bench_base(tmp_path):
     assert all(c["episodes"] == 2 and 0 <= c["success"] <= 1 for c in last["cells"])
     assert json.loads((rep / "base.json").read_text()) == last
     assert (rep / "base.png").stat().st_size > 1000
+
+
+def test_image_observations_flow_from_dataset_to_policy(tmp_path):
+    from arli.demos import collect_demos, load_chunk_dataset
+    from arli.policies.flow_config import FlowHyperparams
+    from arli.pretrain import build_policy, train_flow
+    from sim_envs import make_env
+
+    collect_demos("pick_cube", 2, str(tmp_path / "ds"), seed=0, image_size=24)
+    data = load_chunk_dataset(str(tmp_path / "ds"), chunk_size=8)
+    assert data["images"].shape == (len(data["state"]), 24, 24, 3) and data["images"].std() > 5
+    policy = build_policy(data, FlowHyperparams(chunk_size=8, d_model=32, n_heads=2, ff_dim=64,
+                                                num_steps=2))
+    assert policy.cfg.image_size == 24
+    train_flow(policy, data, steps=3, batch_size=8, lr=1e-3, weight_decay=0.0, seed=0)
+    obs, _ = make_env("pick_cube", image_size=24).reset(seed=0)
+    policy.reset(0)
+    a = policy.predict_actions(obs["state"], image=obs["image"])
+    policy.reset(0)
+    b = policy.predict_actions(obs["state"], image=255 - obs["image"])
+    assert a.shape == (8, 5) and not np.allclose(a, b)  # the image is actually used
+    with pytest.raises(ValueError, match="needs an image"):
+        policy.predict_actions(obs["state"])
+    with pytest.raises(ValueError, match=r"image must have shape \(24, 24, 3\)"):
+        policy.predict_actions(obs["state"], image=np.zeros((32, 32, 3), np.uint8))

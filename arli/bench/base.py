@@ -23,6 +23,24 @@ def ensure_checkpoint(cfg: BenchBaseConfig) -> None:
         pretrain(cfg.pretrain)
 
 
+def reading(cells: list[dict]) -> str:
+    """What the numbers say, computed from them (not written by hand)."""
+    by = {(c["mode"], c["strategy"], c["delay_steps"]): c["success"] for c in cells}
+    zero = by.get(("sync", "none", 0))
+    lines = ["## Reading\n"]
+    if zero is not None:
+        band = "inside" if 0.5 <= zero <= 0.85 else "outside"
+        lines.append(f"* Zero-delay success {zero:.2f} ({band} the 50-85% band that leaves room for RL).")
+    for d in sorted({c["delay_steps"] for c in cells if c["delay_steps"] > 0}):
+        sync = by.get(("sync", "none", d))
+        best = max(((s, by[("async", s, d)]) for s in ("naive", "blend", "rtc")
+                    if ("async", s, d) in by), key=lambda x: x[1], default=None)
+        if sync is not None and best is not None:
+            lines.append(f"* d = {d}: sync {sync:.2f} (pauses, {d} steps per chunk) vs best async "
+                         f"`{best[0]}` {best[1]:.2f}.")
+    return "\n".join(lines) + "\n\n"
+
+
 def describe(policy) -> str:
     cfg = policy.cfg
     if getattr(cfg, "rtc_mode", None) is not None:
@@ -72,7 +90,7 @@ def main(cfg: BenchBaseConfig) -> int:
         f"Policy: `{cfg.checkpoint}` ({describe(policy)}). Same evaluation seeds in every cell "
         f"({cfg.seed} ..), {cfg.episodes} episodes per cell; latency simulated in sim time.\n\n"
         + cells_markdown(cells) + "\n![success vs delay](base.png)\n\n"
-        + (f"Skipped: {skipped}\n\n" if skipped else "")
+        + reading(cells) + (f"Skipped: {skipped}\n\n" if skipped else "")
         + f"Machine: {machine_info()}\n"
     )
     write_report(cfg.report_dir, "base", payload, md)

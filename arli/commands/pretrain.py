@@ -20,7 +20,8 @@ def collect_main(cfg: CollectDemosConfig) -> int:
 def ensure_demos(cfg: PretrainConfig) -> None:
     if not os.path.exists(os.path.join(cfg.dataset_root, "meta", "info.json")):
         print(f"no demos at {cfg.dataset_root}: collecting {cfg.demos} with the scripted expert")
-        collect_demos(cfg.env.name, cfg.demos, cfg.dataset_root, cfg.seed, cfg.env.dt)
+        collect_demos(cfg.env.name, cfg.demos, cfg.dataset_root, cfg.seed, cfg.env.dt,
+                      cfg.env.image_size)
 
 
 def pretrain(cfg: PretrainConfig) -> dict:
@@ -29,7 +30,8 @@ def pretrain(cfg: PretrainConfig) -> dict:
     start = time.time()
     data = load_chunk_dataset(cfg.dataset_root, cfg.policy.chunk_size)
     policy = build_policy(data, cfg.policy)
-    evaluate = make_evaluator(cfg.env.name, cfg.eval_episodes, seed=50_000, dt=cfg.env.dt)
+    evaluate = make_evaluator(cfg.env.name, cfg.eval_episodes, seed=50_000, dt=cfg.env.dt,
+                              image_size=policy.cfg.image_size)
     history = train_flow(policy, data, cfg.steps, cfg.batch_size, cfg.lr, cfg.weight_decay,
                          cfg.seed, evaluate, cfg.eval_every)
     policy.save(cfg.output_dir)

@@ -178,8 +178,10 @@ class FlowPolicy(BasePolicy):
     def _image(self, image: np.ndarray | None) -> torch.Tensor | None:
         if image is None or not self.cfg.image_size:
             return None
-        img = torch.as_tensor(np.asarray(image)).float().permute(2, 0, 1)[None] / 255.0
-        return img
+        size = self.cfg.image_size
+        if np.shape(image) != (size, size, 3):
+            raise ValueError(f"observation image must have shape ({size}, {size}, 3), got {np.shape(image)}")
+        return torch.as_tensor(np.asarray(image)).float().permute(2, 0, 1)[None] / 255.0
 
     def predict_actions(self, state: np.ndarray, committed_prefix: np.ndarray | None = None,
                         delay_steps: int | None = None, image: np.ndarray | None = None,
