@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml uv.lock
 setup: $(STAMP)
 
 demo: setup
-	$(VENV)/bin/arli rollout
+	$(VENV)/bin/arli finetune
 
 test: setup
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider tests

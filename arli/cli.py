@@ -14,6 +14,8 @@ from omegaconf import OmegaConf
 
 COMMANDS: dict[str, tuple[str, str, str]] = {
     # argv words -> (config name, "module:function", help)
+    "finetune": ("finetune", "arli.commands.finetune:main",
+                 "ARLI residual RL under simulated latency: base vs finetuned, outputs/<run>/"),
     "rollout": ("rollout", "arli.commands.rollout:main",
                 "scripted-expert chunks under simulated latency: success per delay and strategy"),
     "collect-demos": ("collect_demos", "arli.commands.pretrain:collect_main",
@@ -22,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                  "behaviour-clone the built-in pi0-style flow policy from the demos"),
     "bench base": ("bench_base", "arli.bench.base:main",
                    "base policy: sync vs async naive/blend/rtc at delay_steps 0/2/4/8"),
+    "bench latency-sweep": ("bench_latency_sweep", "arli.bench.latency_sweep:main",
+                            "success vs delay: base, residual state variants, zero-delay ideal"),
     "bench sim": ("bench_sim", "arli.bench.sim:main",
                   "control steps/s of our default task vs robosuite Lift"),
 }

@@ -14,6 +14,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 
 from arli.policies.flow_config import FlowHyperparams
+from arli.rl.config import RunSpec
 
 LATENCY_KINDS = ("fixed", "uniform", "lognormal", "trace")
 
@@ -233,3 +234,84 @@ SCHEMAS.update({
     "pretrain": (PretrainConfig, validate_pretrain),
     "bench_base": (BenchBaseConfig, validate_bench_base),
 })
+
+
+@dataclass
+class FinetuneConfig(RunSpec):
+    """``arli finetune``: ARLI residual RL on top of the base policy under simulated latency."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    latency: LatencyConfig = field(default_factory=LatencyConfig)
+    delay_steps: int | None = 4  # fixed delay in control steps; null = use ``latency``
+    checkpoint: str = "checkpoints/base_${env.name}"  # base policy (trained if missing)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    final_eval_episodes: int = 100
+    output_dir: str = ""  # "" = outputs/finetune_<env>_<variant>_d<delay>_<time>
+    resume: str = ""  # an output_dir/checkpoint to continue from
+
+
+def validate_run(cfg: RunSpec) -> None:
+    from arli.augment import VARIANTS  # noqa: PLC0415
+
+    _require(cfg.variant in VARIANTS, "variant", f"one of {VARIANTS}", cfg.variant)
+    allowed = ("naive", "blend", "rtc")
+    _require(cfg.strategy in allowed, "strategy", f"one of {allowed}", cfg.strategy)
+    for name in ("env_steps", "eval_every", "eval_episodes", "execute_horizon"):
+        _require(getattr(cfg, name) >= 1, name, ">= 1", getattr(cfg, name))
+    _require(cfg.anchor_episodes >= 0, "anchor_episodes", ">= 0", cfg.anchor_episodes)
+    _require(0 <= cfg.intervention_prob <= 1, "intervention_prob", "in [0, 1]", cfg.intervention_prob)
+    try:
+        cfg.learner.validate()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def validate_finetune(cfg: FinetuneConfig) -> None:
+    validate_env(cfg.env)
+    validate_latency(cfg.latency)
+    validate_pretrain(cfg.pretrain)
+    validate_run(cfg)
+    _require(cfg.delay_steps is None or cfg.delay_steps >= 0, "delay_steps", "null or >= 0", cfg.delay_steps)
+    _require(cfg.final_eval_episodes >= 1, "final_eval_episodes", ">= 1", cfg.final_eval_episodes)
+
+
+SCHEMAS["finetune"] = (FinetuneConfig, validate_finetune)
+
+
+SWEEP_VARIANTS = ("base_sync", "base_naive", "base_rtc", "standard", "arli", "arli_no_committed",
+                  "arli_no_midobs", "standard_d0")
+
+
+@dataclass
+class LatencySweepConfig:
+    """``arli bench latency-sweep``: every variant x delay x seed, one budget."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    checkpoint: str = "checkpoints/base_${env.name}"
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    run: RunSpec = field(default_factory=RunSpec)  # residual RL settings (env_steps <- budget)
+    budget: int = 3000  # environment steps per RL run
+    delay_steps: list[int] = field(default_factory=lambda: [0, 2, 4, 8])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    eval_episodes: int = 100  # per seed and cell
+    variants: list[str] = field(default_factory=lambda: list(SWEEP_VARIANTS))
+    workers: int = 2  # cell worker processes
+    report_only: bool = False  # rebuild the report from the cache, run nothing
+    cache: str = "outputs/latency_sweep/cells_${env.name}.jsonl"
+    report_dir: str = "reports"
+
+
+def validate_sweep(cfg: LatencySweepConfig) -> None:
+    validate_env(cfg.env)
+    validate_pretrain(cfg.pretrain)
+    validate_run(cfg.run)
+    _require(cfg.budget >= 100, "budget", ">= 100 env steps", cfg.budget)
+    _require(len(cfg.seeds) >= 1, "seeds", "a non-empty list", cfg.seeds)
+    _require(all(d >= 0 for d in cfg.delay_steps), "delay_steps", "integers >= 0", cfg.delay_steps)
+    _require(all(v in SWEEP_VARIANTS for v in cfg.variants), "variants", f"a list from {SWEEP_VARIANTS}",
+             cfg.variants)
+    _require(cfg.eval_episodes >= 1, "eval_episodes", ">= 1", cfg.eval_episodes)
+    _require(cfg.workers >= 1, "workers", ">= 1", cfg.workers)
+
+
+SCHEMAS["bench_latency_sweep"] = (LatencySweepConfig, validate_sweep)

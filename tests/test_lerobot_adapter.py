@@ -7,7 +7,8 @@ import torch
 
 from arli.chunking import ChunkScheduler
 from arli.latency import FixedLatency
-from arli.policies.lerobot_adapter import LeRobotPolicyAdapter, load_base_policy
+from arli.policies.lerobot_adapter import LeRobotPolicyAdapter
+from arli.policies.load import load_base_policy
 from arli.rollout import gripper_hold, run_episode
 from arli.types import Observation
 from sim_envs import make_env

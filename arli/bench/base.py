@@ -6,21 +6,12 @@ from __future__ import annotations
 import os
 
 from arli.bench.common import machine_info, print_last_line_json, write_report
+from arli.commands.pretrain import ensure_base_policy
 from arli.config import BenchBaseConfig
 from arli.latency import FixedLatency
-from arli.policies.lerobot_adapter import load_base_policy
+from arli.policies.load import load_base_policy
 from arli.rollout import cells_markdown, sweep
 from sim_envs import make_env
-
-
-def ensure_checkpoint(cfg: BenchBaseConfig) -> None:
-    if not os.path.exists(os.path.join(cfg.checkpoint, "config.json")):
-        from arli.commands.pretrain import pretrain  # noqa: PLC0415
-
-        print(f"no base policy at {cfg.checkpoint}: running arli pretrain")
-        cfg.pretrain.output_dir = cfg.checkpoint
-        cfg.pretrain.env = cfg.env
-        pretrain(cfg.pretrain)
 
 
 def reading(cells: list[dict]) -> str:
@@ -42,7 +33,9 @@ def reading(cells: list[dict]) -> str:
 
 
 def describe(policy) -> str:
-    cfg = policy.cfg
+    cfg = getattr(policy, "cfg", None)
+    if cfg is None:
+        return f"scripted expert's open-loop chunks, H = {policy.chunk_size}"
     if getattr(cfg, "rtc_mode", None) is not None:
         return (f"built-in pi0-style flow policy, H = {policy.chunk_size}, {cfg.num_steps} Euler "
                 f"steps, RTC mode `{cfg.rtc_mode}`, beta = {cfg.rtc_max_weight}")
@@ -74,9 +67,10 @@ def plot(cells: list[dict], path: str, title: str) -> None:
 
 
 def main(cfg: BenchBaseConfig) -> int:
-    ensure_checkpoint(cfg)
+    ensure_base_policy(cfg.checkpoint, cfg.pretrain, cfg.env)
     env = make_env(cfg.env.name, dt=cfg.env.dt)
-    policy = load_base_policy(cfg.checkpoint, task=env.unwrapped.instruction)
+    policy = load_base_policy(cfg.checkpoint, env.unwrapped.instruction, cfg.env.name,
+                              cfg.pretrain.policy.chunk_size)
     latencies = [FixedLatency(d * cfg.env.dt) for d in cfg.delay_steps]
     cells, skipped = sweep(env, policy, list(cfg.strategies), latencies, cfg.episodes, cfg.seed,
                            cfg.execute_horizon, cfg.blend_steps, "bench base")

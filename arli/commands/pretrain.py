@@ -24,6 +24,14 @@ def ensure_demos(cfg: PretrainConfig) -> None:
                       cfg.env.image_size)
 
 
+def ensure_base_policy(checkpoint: str, pretrain_cfg: PretrainConfig, env_cfg) -> None:
+    """Pretrain (collecting demos first if needed) when ``checkpoint`` holds no policy."""
+    if checkpoint != "expert" and not os.path.exists(os.path.join(checkpoint, "config.json")):
+        print(f"no base policy at {checkpoint}: running arli pretrain")
+        pretrain_cfg.output_dir, pretrain_cfg.env = checkpoint, env_cfg
+        pretrain(pretrain_cfg)
+
+
 def pretrain(cfg: PretrainConfig) -> dict:
     """Train + save the base policy; returns the summary written next to the checkpoint."""
     ensure_demos(cfg)

@@ -87,19 +87,3 @@ class LeRobotPolicyAdapter(BasePolicy):
             actions[:k] = committed_prefix[:k]
         return np.clip(actions, -1.0, 1.0)
 
-
-def load_base_policy(path: str, task: str = ""):
-    """Built-in flow checkpoint or any LeRobot policy directory -> base policy object."""
-    import json  # noqa: PLC0415
-
-    cfg_path = os.path.join(path, "config.json")
-    if not os.path.exists(cfg_path):
-        raise FileNotFoundError(f"no policy checkpoint at {path} (missing config.json); "
-                                "run `arli pretrain` or point to a LeRobot policy directory")
-    with open(cfg_path, encoding="utf-8") as fh:
-        kind = json.load(fh).get("type")
-    if kind == "arli_flow":
-        from arli.policies.flow import FlowPolicy  # noqa: PLC0415
-
-        return FlowPolicy.load(path)
-    return LeRobotPolicyAdapter(path, task=task)

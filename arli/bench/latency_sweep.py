@@ -1,0 +1,214 @@
+"""``arli bench latency-sweep``: the method's claims, measured.
+
+Success (mean ± std over seeds, ``eval_episodes`` per seed) of the base policy (sync, async
+naive, async rtc) and of residual RL with each state variant, at every delay, plus the
+idealised reference (``standard`` at zero delay) and environment steps to 80% success.
+Every variant uses the same evaluation code, seeds, episode count and step budget.
+Cells run in worker processes and are cached as they finish (``cache``), so an interrupted
+sweep resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, replace
+
+import numpy as np
+from tqdm import tqdm
+
+from arli.bench.common import machine_info, print_last_line_json, write_report
+from arli.commands.pretrain import ensure_base_policy
+from arli.config import LatencySweepConfig
+
+BASE_VARIANTS = {"base_sync": "sync", "base_naive": "naive", "base_rtc": "rtc"}
+RL_VARIANTS = ("standard", "arli", "arli_no_committed", "arli_no_midobs")
+IDEAL = "standard_d0"
+
+
+def eval_seed(seed: int) -> int:
+    return 10_000 + 1000 * seed
+
+
+def run_cell(cfg_dict: dict, variant: str, delay: int, seed: int) -> dict:
+    """One (variant, delay, seed) cell; runs in a worker process."""
+    import torch  # noqa: PLC0415
+
+    from arli.finetune import Finetuner  # noqa: PLC0415
+    from arli.latency import FixedLatency  # noqa: PLC0415
+    from arli.policies.load import load_base_policy  # noqa: PLC0415
+    from arli.rl.config import LearnerConfig, RunSpec  # noqa: PLC0415
+    from arli.rollout import evaluate_policy  # noqa: PLC0415
+    from sim_envs import make_env, task_name  # noqa: PLC0415
+    from sim_envs.experts import EXPERTS  # noqa: PLC0415
+
+    torch.set_num_threads(cfg_dict["threads_per_worker"])
+    name = task_name(cfg_dict["env"]["name"])
+    dt = cfg_dict["env"]["dt"]
+    env = make_env(name, dt=dt)
+    base = load_base_policy(cfg_dict["checkpoint"], env.unwrapped.instruction, name,
+                            cfg_dict["chunk_size"])
+    latency = FixedLatency(delay * dt)
+    episodes = cfg_dict["eval_episodes"]
+    cell = {"variant": variant, "delay_steps": delay, "seed": seed}
+    if variant in BASE_VARIANTS:
+        out = evaluate_policy(env, base, BASE_VARIANTS[variant], latency, episodes, eval_seed(seed),
+                              cfg_dict["run"]["execute_horizon"])
+        return {**cell, "success": out["success"], "steps_to_80": 0 if out["success"] >= 0.8 else None}
+    run = dict(cfg_dict["run"])
+    learner = LearnerConfig(**run.pop("learner"))
+    spec = RunSpec(**{**run, "learner": learner})
+    spec = replace(spec, variant="standard" if variant == IDEAL else variant, seed=seed,
+                   env_steps=cfg_dict["budget"], eval_every=max(1, cfg_dict["budget"] // 4))
+    model = getattr(base, "model", None)
+    ft = Finetuner(spec, env, base, EXPERTS[name], latency,
+                   None if model is None else model.state_mean.numpy(),
+                   None if model is None else model.state_std.numpy())
+    ft.collect_anchor()
+    ft.train(progress=False)
+    success = ft.evaluate(episodes, seed=eval_seed(seed))["success"]
+    reached = next((h["env_steps"] for h in ft.history if h["success"] >= 0.8), None)
+    return {**cell, "success": success, "steps_to_80": reached, "curve": ft.history}
+
+
+def plan(cfg: LatencySweepConfig) -> list[tuple[str, int, int]]:
+    """All (variant, delay, seed) cells, the headline delay (4) and the ideal reference
+    first, so an interrupted sweep still answers the main question."""
+    cells = []
+    for seed in cfg.seeds:
+        for variant in cfg.variants:
+            delays = [0] if variant == IDEAL else cfg.delay_steps
+            cells += [(variant, d, seed) for d in delays]
+    order = {4: 0, 0: 1}
+    return sorted(cells, key=lambda c: (order.get(c[1], 2), c[1], c[2]))
+
+
+def load_cache(path: str, budget: int) -> dict[tuple, dict]:
+    done = {}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                row = json.loads(line)
+                if row.get("budget") == budget:
+                    done[(row["variant"], row["delay_steps"], row["seed"])] = row
+    return done
+
+
+def aggregate(rows: list[dict], cfg: LatencySweepConfig) -> list[dict]:
+    out = []
+    for variant in cfg.variants:
+        for d in ([0] if variant == IDEAL else cfg.delay_steps):
+            group = [r for r in rows if r["variant"] == variant and r["delay_steps"] == d]
+            if not group:
+                continue
+            succ = np.array([r["success"] for r in group])
+            reached = [r["steps_to_80"] for r in group]
+            out.append({
+                "variant": variant, "delay_steps": d, "success_mean": round(float(succ.mean()), 4),
+                "success_std": round(float(succ.std()), 4), "seeds": len(group),
+                # every seed must reach 80%; the slowest seed decides
+                "steps_to_80": None if any(x is None for x in reached) else int(max(reached)),
+            })
+    return out
+
+
+def verdict(cells: list[dict], budget: int) -> str:
+    by = {(c["variant"], c["delay_steps"]): c["success_mean"] for c in cells}
+    arli, std4, ideal = by.get(("arli", 4)), by.get(("standard", 4)), by.get((IDEAL, 0))
+    if None in (arli, std4, ideal):
+        return "Expected result not evaluated (needs arli and standard at d = 4 and standard_d0).\n"
+    checks = [(arli >= 0.9, f"ARLI at d = 4 reaches {arli:.2f} (target >= 0.90)"),
+              (arli >= ideal - 0.05, f"ARLI at d = 4 vs standard at zero delay {ideal:.2f} "
+                                     f"(target: within 5 points or above; gap {ideal - arli:+.2f})"),
+              (arli - std4 >= 0.1, f"standard at d = 4 reaches {std4:.2f}, {arli - std4:+.2f} vs ARLI "
+                                   "(target: clearly below ARLI)")]
+    lines = [f"* {'met' if ok else 'NOT met'}: {text}" for ok, text in checks]
+    return (f"Expected result at budget {budget} env steps per run:\n\n" + "\n".join(lines) + "\n")
+
+
+def plot(cells: list[dict], path: str, title: str) -> None:
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for variant in dict.fromkeys(c["variant"] for c in cells):
+        pts = sorted((c["delay_steps"], c["success_mean"], c["success_std"]) for c in cells
+                     if c["variant"] == variant)
+        if variant == IDEAL:
+            ax.axhline(pts[0][1], color="k", ls=":", label="standard @ d=0 (ideal)")
+            continue
+        x, y, e = zip(*pts)
+        style = "--" if variant.startswith("base") else "-"
+        ax.errorbar(x, y, yerr=e, marker="o", ls=style, capsize=3, label=variant)
+    ax.set_xlabel("delay_steps d (dt = 50 ms)")
+    ax.set_ylabel("success rate (mean ± std over seeds)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(cfg: LatencySweepConfig) -> int:
+    ensure_base_policy(cfg.checkpoint, cfg.pretrain, cfg.env)
+    cfg_dict = {"env": asdict(cfg.env), "checkpoint": cfg.checkpoint, "eval_episodes": cfg.eval_episodes,
+                "budget": cfg.budget, "run": asdict(cfg.run), "chunk_size": cfg.pretrain.policy.chunk_size,
+                "threads_per_worker": max(1, (os.cpu_count() or 2) // cfg.workers)}
+    os.makedirs(os.path.dirname(cfg.cache) or ".", exist_ok=True)
+    done = load_cache(cfg.cache, cfg.budget)
+    todo = [] if cfg.report_only else [c for c in plan(cfg) if c not in done]
+    print(f"latency sweep: {len(done)} cells cached, {len(todo)} to run (budget {cfg.budget} env steps)")
+    if todo:
+        with ProcessPoolExecutor(cfg.workers) as pool, open(cfg.cache, "a", encoding="utf-8") as cache:
+            futures = {pool.submit(run_cell, cfg_dict, *c): c for c in todo}
+            for fut in tqdm(as_completed(futures), total=len(futures), desc="sweep cells", unit="cell"):
+                row = {**fut.result(), "budget": cfg.budget}
+                done[futures[fut]] = row
+                cache.write(json.dumps(row) + "\n")
+                cache.flush()  # a crash loses at most the cells still running
+                tqdm.write(f"{row['variant']:>18} d={row['delay_steps']} seed={row['seed']}: "
+                           f"success {row['success']:.2f}")
+    missing = [c for c in plan(cfg) if c not in done]
+    cells = aggregate([done[c] for c in plan(cfg) if c in done], cfg)
+    payload = {"env": cfg.env.name, "budget": cfg.budget, "cells": cells}
+    os.makedirs(cfg.report_dir, exist_ok=True)
+    plot(cells, os.path.join(cfg.report_dir, "latency_sweep.png"),
+         f"{cfg.env.name}: success vs delay (budget {cfg.budget} steps, {len(cfg.seeds)} seeds)")
+    md = markdown(cells, cfg) + (f"\nNot run yet ({len(missing)} cells): {missing}\n" if missing else "")
+    write_report(cfg.report_dir, "latency_sweep", {**payload, "missing": missing}, md)
+    print(md)
+    print_last_line_json(payload)
+    return 0
+
+
+def markdown(cells: list[dict], cfg: LatencySweepConfig) -> str:
+    delays = cfg.delay_steps
+    head = "| variant | " + " | ".join(f"d = {d}" for d in delays) + " | steps to 80% (d = 4) |\n"
+    head += "|---|" + "---:|" * (len(delays) + 1) + "\n"
+    by = {(c["variant"], c["delay_steps"]): c for c in cells}
+    rows = []
+    for variant in cfg.variants:
+        vals = []
+        for d in delays:
+            c = by.get((variant, d))
+            vals.append(f"{c['success_mean']:.2f} ± {c['success_std']:.2f}" if c else "—")
+        s80 = by.get((variant, 4), by.get((variant, 0)))
+        rows.append(f"| {variant} | " + " | ".join(vals) + f" | {s80['steps_to_80'] if s80 else '—'} |")
+    command = (f"arli bench latency-sweep env={cfg.env.name} budget={cfg.budget} "
+               f"'seeds={list(cfg.seeds)}' 'delay_steps={list(delays)}' eval_episodes={cfg.eval_episodes}")
+    return (
+        f"# Latency sweep — `{cfg.env.name}`\n\n"
+        f"Command: `{command}`\n\n"
+        f"Budget: {cfg.budget} environment steps per RL run; {len(cfg.seeds)} seeds "
+        f"({cfg.seeds}); {cfg.eval_episodes} evaluation episodes per seed and cell (the same "
+        f"seeds for every variant); base policy `{cfg.checkpoint}`, async `{cfg.run.strategy}` "
+        "switching for the residual variants. `standard_d0` is the idealised reference (zero "
+        "delay), shown in the d = 0 column. `—`: cell not run (the zero-delay reference only "
+        "exists at d = 0).\n\n" + head + "\n".join(rows) + "\n\n![latency sweep](latency_sweep.png)\n\n"
+        + verdict(cells, cfg.budget) + f"\nMachine: {machine_info()}\n"
+    )

@@ -1,0 +1,1 @@
+"""Off-policy residual RL: replay, anchor data, learner."""

@@ -1,0 +1,40 @@
+"""``arli bench latency-sweep`` with a tiny budget: structure, caching, report."""
+
+import json
+import os
+import subprocess
+import sys
+
+ARGS = ["env=pick_cube", "checkpoint=expert", "budget=150", "seeds=[0,1]", "delay_steps=[4]",
+        "variants=[base_naive,arli,standard_d0]", "eval_episodes=2", "workers=1",
+        "run.anchor_episodes=1", "run.learn_after=50", "run.learner.hidden=32",
+        "run.learner.batch_size=32", "run.learner.critic_warmup_updates=10"]
+
+
+def _sweep(tmp_path, *extra):
+    proc = subprocess.run(
+        [sys.executable, "-m", "arli.cli", "bench", "latency-sweep", *ARGS,
+         f"cache={tmp_path / 'cells.jsonl'}", f"report_dir={tmp_path / 'reports'}", *extra],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_latency_sweep_cells_cache_and_report(tmp_path):
+    out = _sweep(tmp_path)
+    assert out["env"] == "pick_cube" and out["budget"] == 150
+    keys = {(c["variant"], c["delay_steps"]) for c in out["cells"]}
+    assert keys == {("base_naive", 4), ("arli", 4), ("standard_d0", 0)}
+    for c in out["cells"]:
+        assert c["seeds"] == 2 and 0 <= c["success_mean"] <= 1 and c["success_std"] >= 0
+        assert set(c) >= {"variant", "delay_steps", "success_mean", "success_std", "seeds", "steps_to_80"}
+    rows = [json.loads(line) for line in (tmp_path / "cells.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and all(r["budget"] == 150 for r in rows)
+    assert json.loads((tmp_path / "reports" / "latency_sweep.json").read_text())["cells"] == out["cells"]
+    md = (tmp_path / "reports" / "latency_sweep.md").read_text()
+    assert "budget=150" in md and "Expected result" in md
+    assert (tmp_path / "reports" / "latency_sweep.png").stat().st_size > 1000
+    # a second run finds every cell in the cache and runs nothing new
+    again = _sweep(tmp_path, "report_only=true")
+    assert again["cells"] == out["cells"]
+    assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 6
