@@ -49,7 +49,7 @@ class RunSpec:
     variant: str = "arli"
     strategy: str = "naive"  # async switch strategy of the base policy
     execute_horizon: int = 8
-    env_steps: int = 20_000
+    env_steps: int = 12_000
     anchor_episodes: int = 20  # intervener episodes collected before learning
     intervention_prob: float = 0.3  # share of training episodes the intervener takes over
     intervene_after: int = 50  # ... at this step, if the episode is still running
