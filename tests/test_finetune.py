@@ -34,12 +34,14 @@ def test_checkpoint_resume_continues_identically(tmp_path):
     a = _finetuner()
     a.collect_anchor()
     a.train(150, progress=False)
+    saved_steps, saved_updates = a.controller.env_steps, a.learner.updates
     a.save(str(tmp_path / "ckpt"))
     a.train(400, progress=False)
 
     b = _finetuner()
     b.load(str(tmp_path / "ckpt"))
-    assert b.controller.env_steps == 150 or b.controller.env_steps >= 150
+    assert (b.controller.env_steps, b.learner.updates) == (saved_steps, saved_updates)
+    assert saved_steps >= 150 and saved_updates > 0
     b.train(400, progress=False)
     assert a.controller.env_steps == b.controller.env_steps
     assert a.learner.updates == b.learner.updates > 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from arli.bench.common import machine_info, print_last_line_json, write_report
+from arli.bench.common import machine_info, print_last_line_json, success_plot, write_report
 from arli.commands.pretrain import ensure_base_policy
 from arli.config import BenchBaseConfig
 from arli.latency import FixedLatency
@@ -43,27 +43,13 @@ def describe(policy) -> str:
 
 
 def plot(cells: list[dict], path: str, title: str) -> None:
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key in ("sync", "naive", "blend", "rtc"):
-        pts = [(c["delay_steps"], c["success"]) for c in cells
-               if (c["mode"] == "sync" and key == "sync") or (c["mode"] == "async" and c["strategy"] == key)]
-        if pts:
-            x, y = zip(*sorted(pts))
-            ax.plot(x, y, marker="o", label=key if key == "sync" else f"async {key}")
-    ax.set_xlabel("delay_steps d (dt = 50 ms)")
-    ax.set_ylabel("success rate")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with success_plot(path, title, "delay_steps d (dt = 50 ms)") as ax:
+        for key in ("sync", "naive", "blend", "rtc"):
+            pts = [(c["delay_steps"], c["success"]) for c in cells
+                   if (c["mode"] == "sync" and key == "sync") or (c["mode"] == "async" and c["strategy"] == key)]
+            if pts:
+                x, y = zip(*sorted(pts))
+                ax.plot(x, y, marker="o", label=key if key == "sync" else f"async {key}")
 
 
 def main(cfg: BenchBaseConfig) -> int:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import os
 import platform
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 
 def machine_info() -> dict[str, Any]:
@@ -28,3 +29,27 @@ def write_report(report_dir: str, name: str, payload: dict[str, Any], markdown: 
 def print_last_line_json(payload: dict[str, Any]) -> None:
     """Benchmarks end with one JSON object on the last stdout line (for scripts)."""
     print(json.dumps(payload), flush=True)
+
+
+@contextmanager
+def success_plot(path: str, title: str, xlabel: str, ylabel: str = "success rate",
+                 figsize: tuple[float, float] = (6, 4), legend_size: int | None = None) -> Iterator:
+    """Axes for a success-rate plot (y in [0, 1]); labels, legend and PNG written on exit."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=figsize)
+    try:
+        yield ax
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=legend_size, ncol=2 if legend_size else 1)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)

@@ -18,7 +18,7 @@ from dataclasses import asdict, replace
 import numpy as np
 from tqdm import tqdm
 
-from arli.bench.common import machine_info, print_last_line_json, write_report
+from arli.bench.common import machine_info, print_last_line_json, success_plot, write_report
 from arli.commands.pretrain import ensure_base_policy
 from arli.config import LatencySweepConfig
 
@@ -128,30 +128,17 @@ def verdict(cells: list[dict], budget: int) -> str:
 
 
 def plot(cells: list[dict], path: str, title: str) -> None:
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for variant in dict.fromkeys(c["variant"] for c in cells):
-        pts = sorted((c["delay_steps"], c["success_mean"], c["success_std"]) for c in cells
-                     if c["variant"] == variant)
-        if variant == IDEAL:
-            ax.axhline(pts[0][1], color="k", ls=":", label="standard @ d=0 (ideal)")
-            continue
-        x, y, e = zip(*pts)
-        style = "--" if variant.startswith("base") else "-"
-        ax.errorbar(x, y, yerr=e, marker="o", ls=style, capsize=3, label=variant)
-    ax.set_xlabel("delay_steps d (dt = 50 ms)")
-    ax.set_ylabel("success rate (mean ± std over seeds)")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with success_plot(path, title, "delay_steps d (dt = 50 ms)", "success rate (mean ± std over seeds)",
+                      figsize=(7, 4.5), legend_size=8) as ax:
+        for variant in dict.fromkeys(c["variant"] for c in cells):
+            pts = sorted((c["delay_steps"], c["success_mean"], c["success_std"]) for c in cells
+                         if c["variant"] == variant)
+            if variant == IDEAL:
+                ax.axhline(pts[0][1], color="k", ls=":", label="standard @ d=0 (ideal)")
+                continue
+            x, y, e = zip(*pts)
+            ax.errorbar(x, y, yerr=e, marker="o", ls="--" if variant.startswith("base") else "-",
+                        capsize=3, label=variant)
 
 
 def main(cfg: LatencySweepConfig) -> int:

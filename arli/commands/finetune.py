@@ -10,6 +10,7 @@ import time
 
 from omegaconf import OmegaConf
 
+from arli.bench.common import success_plot
 from arli.commands.pretrain import ensure_base_policy
 from arli.config import FinetuneConfig
 from arli.latency import FixedLatency, latency_from_config, to_delay_steps
@@ -23,24 +24,10 @@ def steps_to(history: list[dict], level: float) -> int | None:
 
 
 def plot_curve(history: list[dict], base: float, path: str, title: str) -> None:
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([0] + [h["env_steps"] for h in history], [base] + [h["success"] for h in history],
-            marker="o", label="base + residual (eval)")
-    ax.axhline(base, color="gray", ls="--", label="base policy")
-    ax.set_xlabel("environment steps")
-    ax.set_ylabel("success rate")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with success_plot(path, title, "environment steps") as ax:
+        ax.plot([0] + [h["env_steps"] for h in history], [base] + [h["success"] for h in history],
+                marker="o", label="base + residual (eval)")
+        ax.axhline(base, color="gray", ls="--", label="base policy")
 
 
 def main(cfg: FinetuneConfig) -> int:
