@@ -38,3 +38,18 @@ def test_latency_sweep_cells_cache_and_report(tmp_path):
     again = _sweep(tmp_path, "report_only=true")
     assert again["cells"] == out["cells"]
     assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 6
+
+
+def test_ideal_reference_reuses_standard_at_zero_delay():
+    from arli.bench.latency_sweep import IDEAL, aggregate, plan
+    from arli.cli import compose
+
+    cfg = compose("bench_latency_sweep", ["seeds=[0,1]", "delay_steps=[0,4]",
+                                          "variants=[standard,standard_d0]"])
+    cells = plan(cfg)
+    assert all(v != IDEAL for v, _, _ in cells) and len(cells) == 4  # not run twice
+    rows = [{"variant": "standard", "delay_steps": d, "seed": s, "success": 0.1 * (s + 1) + d,
+             "steps_to_80": None} for _, d, s in cells]
+    agg = {(c["variant"], c["delay_steps"]): c for c in aggregate(rows, cfg)}
+    assert agg[(IDEAL, 0)]["success_mean"] == agg[("standard", 0)]["success_mean"] == 0.15
+    assert agg[(IDEAL, 0)]["seeds"] == 2

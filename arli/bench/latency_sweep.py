@@ -78,10 +78,16 @@ def plan(cfg: LatencySweepConfig) -> list[tuple[str, int, int]]:
     cells = []
     for seed in cfg.seeds:
         for variant in cfg.variants:
+            if variant == IDEAL and _ideal_is_standard_d0(cfg):
+                continue  # the same runs as `standard` at d = 0: not computed twice
             delays = [0] if variant == IDEAL else cfg.delay_steps
             cells += [(variant, d, seed) for d in delays]
     order = {4: 0, 0: 1}
     return sorted(cells, key=lambda c: (order.get(c[1], 2), c[1], c[2]))
+
+
+def _ideal_is_standard_d0(cfg: LatencySweepConfig) -> bool:
+    return "standard" in cfg.variants and 0 in cfg.delay_steps
 
 
 def load_cache(path: str, budget: int) -> dict[tuple, dict]:
@@ -96,6 +102,9 @@ def load_cache(path: str, budget: int) -> dict[tuple, dict]:
 
 
 def aggregate(rows: list[dict], cfg: LatencySweepConfig) -> list[dict]:
+    if IDEAL in cfg.variants and _ideal_is_standard_d0(cfg):
+        rows = [r for r in rows if r["variant"] != IDEAL]
+        rows += [{**r, "variant": IDEAL} for r in rows if r["variant"] == "standard" and r["delay_steps"] == 0]
     out = []
     for variant in cfg.variants:
         for d in ([0] if variant == IDEAL else cfg.delay_steps):
@@ -183,9 +192,11 @@ def markdown(cells: list[dict], cfg: LatencySweepConfig) -> str:
         vals = []
         for d in delays:
             c = by.get((variant, d))
-            vals.append(f"{c['success_mean']:.2f} ± {c['success_std']:.2f}" if c else "—")
+            partial = f" ({c['seeds']} seeds)" if c and c["seeds"] < len(cfg.seeds) else ""
+            vals.append(f"{c['success_mean']:.2f} ± {c['success_std']:.2f}{partial}" if c else "—")
         s80 = by.get((variant, 4), by.get((variant, 0)))
-        rows.append(f"| {variant} | " + " | ".join(vals) + f" | {s80['steps_to_80'] if s80 else '—'} |")
+        reached = "—" if s80 is None else ("not reached" if s80["steps_to_80"] is None else s80["steps_to_80"])
+        rows.append(f"| {variant} | " + " | ".join(vals) + f" | {reached} |")
     command = (f"arli bench latency-sweep env={cfg.env.name} budget={cfg.budget} "
                f"'seeds={list(cfg.seeds)}' 'delay_steps={list(delays)}' eval_episodes={cfg.eval_episodes}")
     return (
@@ -195,7 +206,7 @@ def markdown(cells: list[dict], cfg: LatencySweepConfig) -> str:
         f"({cfg.seeds}); {cfg.eval_episodes} evaluation episodes per seed and cell (the same "
         f"seeds for every variant); base policy `{cfg.checkpoint}`, async `{cfg.run.strategy}` "
         "switching for the residual variants. `standard_d0` is the idealised reference (zero "
-        "delay), shown in the d = 0 column. `—`: cell not run (the zero-delay reference only "
-        "exists at d = 0).\n\n" + head + "\n".join(rows) + "\n\n![latency sweep](latency_sweep.png)\n\n"
+        "delay; the same runs as `standard` at d = 0), shown in the d = 0 column. `—`: cell not "
+        "run. Steps to 80%: the evaluated env step at which every seed reached 80%.\n\n" + head + "\n".join(rows) + "\n\n![latency sweep](latency_sweep.png)\n\n"
         + verdict(cells, cfg.budget) + f"\nMachine: {machine_info()}\n"
     )
