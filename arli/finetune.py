@@ -4,6 +4,7 @@ residual RL on ARLI states, periodic evaluation, checkpoints that resume exactly
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 import time
 
 import numpy as np
@@ -43,7 +44,7 @@ class Finetuner:
         self.rng = np.random.default_rng(spec.seed)  # latency draws
         self.controller = ResidualController(
             self.learner, self.builder, self.online, self.anchor, train=True,
-            intervention=Intervention(expert, spec.intervention_prob, spec.intervene_after),
+            intervention=Intervention(expert, **asdict(spec.intervention)),
             rng=np.random.default_rng(spec.seed + 1), learn_after=spec.learn_after)
         self.episode = 0
         self.history: list[dict] = []
@@ -69,6 +70,13 @@ class Finetuner:
             self._run(ctl)
         ctl.intervention, ctl.learn_after, ctl.env_steps = saved, learn_after, steps
         return len(self.anchor)
+
+    def prepare(self, progress: bool = False) -> dict[str, float]:
+        """Before online learning: anchor episodes by the intervener, then anchor pretraining
+        of the residual actor (``learner.pretrain_updates`` BC steps on anchor replay)."""
+        transitions = self.collect_anchor()
+        loss = self.learner.pretrain_actor(self.anchor, self.spec.learner.pretrain_updates, progress)
+        return {"anchor_transitions": transitions, "pretrain_loss": loss}
 
     # -- training ------------------------------------------------------------------------
     def train(self, env_steps: int | None = None, writer=None, progress: bool = True) -> list[dict]:

@@ -10,15 +10,17 @@ import torch
 
 from arli.finetune import Finetuner
 from arli.latency import FixedLatency
-from arli.rl.config import LearnerConfig, RunSpec
+from arli.rl.config import InterventionSpec, LearnerConfig, RunSpec
 from sim_envs import make_env
 from sim_envs.experts import EXPERTS, ExpertChunkPolicy
 
-TINY = LearnerConfig(batch_size=32, hidden=32, critic_heads=2, critic_warmup_updates=20)
+# q_weight > 0 so resuming covers the critic's pull on the actor too (off by default)
+TINY = LearnerConfig(batch_size=32, hidden=32, critic_heads=2, critic_warmup_updates=20, pretrain_updates=30,
+                     q_weight=0.1)
 
 
 def _finetuner(seed=0):
-    spec = RunSpec(env_steps=400, anchor_episodes=2, intervention_prob=0.5, intervene_after=10,
+    spec = RunSpec(env_steps=400, anchor_episodes=2, intervention=InterventionSpec(prob=0.5, after=10),
                    learn_after=64, eval_every=10_000, eval_episodes=2, seed=seed, learner=TINY)
     env = make_env("pick_cube", max_episode_steps=40)
     return Finetuner(spec, env, ExpertChunkPolicy("pick_cube", 16), EXPERTS["pick_cube"],
@@ -32,7 +34,7 @@ def _params(ft):
 
 def test_checkpoint_resume_continues_identically(tmp_path):
     a = _finetuner()
-    a.collect_anchor()
+    a.prepare()
     a.train(150, progress=False)
     saved_steps, saved_updates = a.controller.env_steps, a.learner.updates
     a.save(str(tmp_path / "ckpt"))

@@ -35,9 +35,12 @@ def test_latency_sweep_cells_cache_and_report(tmp_path):
     assert "budget=150" in md and "Expected result" in md
     assert (tmp_path / "reports" / "latency_sweep.png").stat().st_size > 1000
     # a second run finds every cell in the cache and runs nothing new
-    again = _sweep(tmp_path, "report_only=true")
+    again = _sweep(tmp_path)
     assert again["cells"] == out["cells"]
     assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 6
+    # a changed learner recipe invalidates the residual cells, not the base-policy ones
+    changed = _sweep(tmp_path, "run.learner.anchor_weight=7.0", "report_only=true")
+    assert {(c["variant"], c["delay_steps"]) for c in changed["cells"]} == {("base_naive", 4)}
 
 
 def test_ideal_reference_reuses_standard_at_zero_delay():

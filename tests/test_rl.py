@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from arli.policies.residual import EnsembleCritic, ResidualActor, compose_action
+from arli.rl.collect import Intervention
 from arli.rl.config import LearnerConfig
 from arli.rl.learner import ResidualLearner
 from arli.rl.replay import NStepAccumulator, ReplayBuffer, mixed_batch
@@ -76,11 +77,13 @@ def test_batched_ensemble_equals_separate_heads():
         torch.testing.assert_close(q[e], (h @ critic.l3.weight[e] + critic.l3.bias[e]).squeeze(-1))
 
 
-def test_anchor_term_pulls_toward_anchor_actions():
-    cfg = LearnerConfig(batch_size=64, hidden=32, critic_warmup_updates=0, policy_delay=1,
-                        anchor_ratio=1.0, anchor_weight=10.0, actor_lr=1e-3, residual_scale=0.5)
+def _anchor_setup(**overrides):
+    """A learner and an anchor buffer whose actions are the base shifted by (0.3, -0.2)."""
+    cfg = LearnerConfig(**{"batch_size": 64, "hidden": 32, "critic_warmup_updates": 0, "policy_delay": 1,
+                           "anchor_ratio": 1.0, "anchor_weight": 10.0, "actor_lr": 1e-3,
+                           "residual_scale": 0.5, **overrides})
     learner = ResidualLearner(cfg, D, M, seed=0)
-    online, anchor = ReplayBuffer(512, D, M), ReplayBuffer(512, D, M)
+    anchor = ReplayBuffer(512, D, M)
     rng = np.random.default_rng(0)
     for _ in range(256):
         s, b = rng.normal(size=D), rng.uniform(-0.5, 0.5, M)
@@ -90,9 +93,15 @@ def test_anchor_term_pulls_toward_anchor_actions():
 
     def gap():
         with torch.no_grad():
-            a = compose_action(data["base"], learner.actor(data["state"]), 0.5)
+            a = compose_action(data["base"], learner.actor(data["state"]), cfg.residual_scale)
         return (a - data["action"]).abs().mean().item()
 
+    return learner, anchor, gap
+
+
+def test_anchor_term_pulls_toward_anchor_actions():
+    learner, anchor, gap = _anchor_setup()
+    online = ReplayBuffer(512, D, M)
     before = gap()
     for _ in range(300):
         learner.update(online, anchor)
@@ -100,8 +109,22 @@ def test_anchor_term_pulls_toward_anchor_actions():
     assert gap() < 0.3 * before
 
 
+def test_anchor_pretraining_clones_anchor_actions_and_syncs_the_target():
+    learner, anchor, gap = _anchor_setup(pretrain_lr=3e-3)
+    assert learner.pretrain_actor(anchor, 0) != learner.pretrain_actor(anchor, 0)  # nan: nothing done
+    assert gap() == pytest.approx(0.25, abs=1e-6)
+    loss = learner.pretrain_actor(anchor, 400)
+    assert gap() < 0.2 * 0.25 and loss < 0.01
+    for p, tp in zip(learner.actor.parameters(), learner.actor_target.parameters()):
+        assert torch.equal(p, tp)  # bootstrapping starts from the pretrained actor
+    critic = [p.clone() for p in learner.critic.parameters()]
+    learner.pretrain_actor(anchor, 5)
+    assert all(torch.equal(a, b) for a, b in zip(critic, learner.critic.parameters()))
+    assert learner.updates == 0  # pretraining is not part of the RL update count
+
+
 def test_critic_warmup_keeps_the_actor_still():
-    cfg = LearnerConfig(batch_size=16, hidden=16, critic_warmup_updates=20, policy_delay=1)
+    cfg = LearnerConfig(batch_size=16, hidden=16, critic_warmup_updates=20, policy_delay=1, q_weight=1.0)
     learner = ResidualLearner(cfg, D, M)
     buf = ReplayBuffer(64, D, M)
     for i in range(32):
@@ -113,3 +136,32 @@ def test_critic_warmup_keeps_the_actor_still():
     assert all(torch.equal(a, b) for a, b in zip(w0, learner.actor.parameters()))
     learner.update(buf, ReplayBuffer(8, D, M))
     assert any(not torch.equal(a, b) for a, b in zip(w0, learner.actor.parameters()))
+
+
+def _expert(state):
+    return np.array([0.5, -0.5], np.float32)
+
+
+def test_corrective_intervener_takes_short_segments_after_sustained_deviation():
+    iv = Intervention(_expert, prob=1.0, after=2, mode="corrective", threshold=0.6, patience=3, segment=4)
+    iv.begin_episode(watching=True)
+    far, near = np.array([-0.5, -0.5]), np.array([0.4, -0.4])
+    acts = [iv.decide(t, np.zeros(D), far) is not None for t in range(12)]
+    # steps 0-1: before ``after``; 2, 3 deviate; at 4 patience is reached -> 4 steps of control
+    assert acts == [False] * 4 + [True] * 4 + [False, False, True, True]
+    iv.begin_episode(watching=True)
+    assert all(iv.decide(t, np.zeros(D), near) is None for t in range(20))  # agrees: no takeover
+    deviating_once = [far if t % 3 == 0 else near for t in range(20)]
+    assert all(iv.decide(t, np.zeros(D), a) is None for t, a in enumerate(deviating_once))
+    iv.begin_episode(watching=False)
+    assert all(iv.decide(t, np.zeros(D), far) is None for t in range(20))
+
+
+def test_takeover_intervener_acts_from_its_step_to_the_end():
+    iv = Intervention(_expert, prob=1.0, after=3, mode="takeover")
+    iv.begin_episode(watching=True)
+    out = [iv.decide(t, np.zeros(D), np.zeros(M)) for t in range(6)]
+    assert [o is not None for o in out] == [False] * 3 + [True] * 3
+    np.testing.assert_array_equal(out[-1], _expert(None))
+    with pytest.raises(ValueError, match="intervention mode"):
+        Intervention(_expert, mode="sometimes")

@@ -10,6 +10,7 @@ sweep resumes where it stopped.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -38,7 +39,7 @@ def run_cell(cfg_dict: dict, variant: str, delay: int, seed: int) -> dict:
     from arli.finetune import Finetuner  # noqa: PLC0415
     from arli.latency import FixedLatency  # noqa: PLC0415
     from arli.policies.load import load_base_policy  # noqa: PLC0415
-    from arli.rl.config import LearnerConfig, RunSpec  # noqa: PLC0415
+    from arli.rl.config import InterventionSpec, LearnerConfig, RunSpec  # noqa: PLC0415
     from arli.rollout import evaluate_policy  # noqa: PLC0415
     from sim_envs import make_env, task_name  # noqa: PLC0415
     from sim_envs.experts import EXPERTS  # noqa: PLC0415
@@ -57,15 +58,15 @@ def run_cell(cfg_dict: dict, variant: str, delay: int, seed: int) -> dict:
                               cfg_dict["run"]["execute_horizon"])
         return {**cell, "success": out["success"], "steps_to_80": 0 if out["success"] >= 0.8 else None}
     run = dict(cfg_dict["run"])
-    learner = LearnerConfig(**run.pop("learner"))
-    spec = RunSpec(**{**run, "learner": learner})
+    spec = RunSpec(**{**run, "learner": LearnerConfig(**run.pop("learner")),
+                      "intervention": InterventionSpec(**run.pop("intervention"))})
     spec = replace(spec, variant="standard" if variant == IDEAL else variant, seed=seed,
                    env_steps=cfg_dict["budget"], eval_every=max(1, cfg_dict["budget"] // 4))
     model = getattr(base, "model", None)
     ft = Finetuner(spec, env, base, EXPERTS[name], latency,
                    None if model is None else model.state_mean.numpy(),
                    None if model is None else model.state_std.numpy())
-    ft.collect_anchor()
+    ft.prepare()
     ft.train(progress=False)
     success = ft.evaluate(episodes, seed=eval_seed(seed))["success"]
     reached = next((h["env_steps"] for h in ft.history if h["success"] >= 0.8), None)
@@ -90,13 +91,26 @@ def _ideal_is_standard_d0(cfg: LatencySweepConfig) -> bool:
     return "standard" in cfg.variants and 0 in cfg.delay_steps
 
 
-def load_cache(path: str, budget: int) -> dict[tuple, dict]:
+def fingerprint(cfg_dict: dict, variant: str) -> str:
+    """Hash of every setting a cell's result depends on: a changed learner recipe, base
+    checkpoint, budget or evaluation invalidates the cached cells it affects (and only those:
+    base-policy cells ignore the residual learner's settings)."""
+    keys = {"env": cfg_dict["env"], "checkpoint": cfg_dict["checkpoint"],
+            "eval_episodes": cfg_dict["eval_episodes"], "chunk_size": cfg_dict["chunk_size"],
+            "execute_horizon": cfg_dict["run"]["execute_horizon"]}
+    if variant not in BASE_VARIANTS:
+        keys.update(run=cfg_dict["run"], budget=cfg_dict["budget"])
+    return hashlib.sha1(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def load_cache(path: str, cfg_dict: dict) -> dict[tuple, dict]:
+    """Cached cells whose fingerprint matches the current settings."""
     done = {}
     if os.path.exists(path):
         with open(path, encoding="utf-8") as fh:
             for line in fh:
                 row = json.loads(line)
-                if row.get("budget") == budget:
+                if row.get("fingerprint") == fingerprint(cfg_dict, row["variant"]):
                     done[(row["variant"], row["delay_steps"], row["seed"])] = row
     return done
 
@@ -156,14 +170,15 @@ def main(cfg: LatencySweepConfig) -> int:
                 "budget": cfg.budget, "run": asdict(cfg.run), "chunk_size": cfg.pretrain.policy.chunk_size,
                 "threads_per_worker": max(1, (os.cpu_count() or 2) // cfg.workers)}
     os.makedirs(os.path.dirname(cfg.cache) or ".", exist_ok=True)
-    done = load_cache(cfg.cache, cfg.budget)
+    done = load_cache(cfg.cache, cfg_dict)
     todo = [] if cfg.report_only else [c for c in plan(cfg) if c not in done]
     print(f"latency sweep: {len(done)} cells cached, {len(todo)} to run (budget {cfg.budget} env steps)")
     if todo:
         with ProcessPoolExecutor(cfg.workers) as pool, open(cfg.cache, "a", encoding="utf-8") as cache:
             futures = {pool.submit(run_cell, cfg_dict, *c): c for c in todo}
             for fut in tqdm(as_completed(futures), total=len(futures), desc="sweep cells", unit="cell"):
-                row = {**fut.result(), "budget": cfg.budget}
+                row = {**fut.result(), "budget": cfg.budget,
+                       "fingerprint": fingerprint(cfg_dict, futures[fut][0])}
                 done[futures[fut]] = row
                 cache.write(json.dumps(row) + "\n")
                 cache.flush()  # a crash loses at most the cells still running

@@ -38,8 +38,8 @@ def main(cfg: FinetuneConfig) -> int:
 
     start = time.time()
     name = task_name(cfg.env.name)
-    if name not in EXPERTS and (cfg.anchor_episodes or cfg.intervention_prob):
-        raise ValueError(f"{name} has no scripted intervener; set anchor_episodes=0 intervention_prob=0")
+    if name not in EXPERTS and (cfg.anchor_episodes or cfg.intervention.prob):
+        raise ValueError(f"{name} has no scripted intervener; set anchor_episodes=0 intervention.prob=0")
     ensure_base_policy(cfg.checkpoint, cfg.pretrain, cfg.env)
     env = make_env(name, dt=cfg.env.dt, max_episode_steps=cfg.env.max_episode_steps)
     base = load_base_policy(cfg.checkpoint, env.unwrapped.instruction, name,
@@ -60,7 +60,9 @@ def main(cfg: FinetuneConfig) -> int:
         ft.load(cfg.resume)
         print(f"resumed {cfg.resume} at env step {ft.controller.env_steps}")
     else:
-        print(f"anchor data: {ft.collect_anchor()} transitions from {cfg.anchor_episodes} intervener episodes")
+        prep = ft.prepare(progress=True)
+        print(f"anchor data: {prep['anchor_transitions']} transitions from {cfg.anchor_episodes} intervener "
+              f"episodes; anchor pretraining loss {prep['pretrain_loss']:.4f}")
     print(f"evaluating the base policy ({cfg.final_eval_episodes} episodes, async {cfg.strategy}, d={delay})")
     base_eval = ft.evaluate(cfg.final_eval_episodes, residual=False)
     writer = SummaryWriter(os.path.join(run_dir, "tb"))

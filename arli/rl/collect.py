@@ -10,6 +10,7 @@ from typing import Callable
 import numpy as np
 
 from arli.augment import StateBuilder
+from arli.rl.config import INTERVENTION_MODES
 from arli.rl.learner import ResidualLearner
 from arli.rl.replay import NStepAccumulator, ReplayBuffer
 from arli.rollout import StepController
@@ -20,12 +21,47 @@ Expert = Callable[[np.ndarray], np.ndarray]
 
 @dataclass
 class Intervention:
-    """Simulated human: takes over an episode at ``after`` steps (with probability ``prob``)
-    and acts with the scripted expert until the episode ends."""
+    """Simulated human intervener (a scripted expert standing in for the SpaceMouse operator).
+
+    In a share ``prob`` of episodes the intervener watches; then
+    * ``takeover``: takes over at step ``after`` and acts until the episode ends;
+    * ``corrective`` (HG-DAgger-style): from step ``after`` on, when the robot's action differs
+      from the expert's by more than ``threshold`` (max over action dims) for ``patience``
+      consecutive steps, takes over for ``segment`` steps, then hands control back. As the
+      residual improves it triggers less, like a human who stops correcting a good robot.
+    """
 
     expert: Expert
     prob: float = 0.0
     after: int = 0
+    mode: str = "takeover"
+    threshold: float = 0.6
+    patience: int = 3
+    segment: int = 15
+
+    def __post_init__(self) -> None:
+        if self.mode not in INTERVENTION_MODES:
+            raise ValueError(f"intervention mode must be one of {INTERVENTION_MODES}, got {self.mode!r}")
+        self.begin_episode(watching=False)
+
+    def begin_episode(self, watching: bool) -> None:
+        self.watching, self._over, self._left = watching, 0, 0
+
+    def decide(self, t: int, state: np.ndarray, proposed: np.ndarray) -> np.ndarray | None:
+        """The intervener's action (m,) for step t, or None to let the robot act ``proposed``."""
+        if not self.watching or t < self.after:
+            return None
+        if self.mode == "takeover":
+            return np.asarray(self.expert(state), np.float32)
+        expert_action = np.asarray(self.expert(state), np.float32)
+        if self._left == 0:
+            self._over = self._over + 1 if np.max(np.abs(proposed - expert_action)) > self.threshold else 0
+            if self._over >= self.patience:
+                self._left, self._over = self.segment, 0
+        if self._left > 0:
+            self._left -= 1
+            return expert_action
+        return None
 
 
 class ResidualController(StepController):
@@ -48,7 +84,6 @@ class ResidualController(StepController):
         self.intervened_steps = 0
         self.last_stats: dict[str, float] = {}
         self._pending: tuple | None = None
-        self._intervene_at: int | None = None
         self.begin_episode()
 
     def begin_episode(self) -> None:
@@ -57,21 +92,21 @@ class ResidualController(StepController):
         self.acc.reset()
         self._pending = None
         self.intervened_episode = False
-        iv = self.intervention
-        self._intervene_at = iv.after if iv is not None and self.rng.random() < iv.prob else None
+        if self.intervention is not None:
+            self.intervention.begin_episode(watching=bool(self.rng.random() < self.intervention.prob))
 
     def act(self, t: int, obs: dict, info: StepInfo) -> np.ndarray:
         state = self.builder.build(obs["state"], info)
         if self._pending is not None:
             self._complete(state, info.base_action, terminated=False, truncated=False)
-        intervening = self._intervene_at is not None and t >= self._intervene_at
+        residual = self.learner.residual(state, explore=self.train)
+        action = self.learner.executed(info.base_action, residual)
+        takeover = self.intervention.decide(t, obs["state"], action) if self.intervention else None
+        intervening = takeover is not None
         if intervening:
-            action = np.asarray(self.intervention.expert(obs["state"]), np.float32)
+            action = takeover
             self.intervened_steps += 1
             self.intervened_episode = True
-        else:
-            residual = self.learner.residual(state, explore=self.train)
-            action = self.learner.executed(info.base_action, residual)
         self._pending = [state, info.base_action.copy(), action, 0.0, "anchor" if intervening else "online"]
         return action
 

@@ -17,14 +17,24 @@ class LearnerConfig:
     critic_lr: float = 3e-4
     actor_lr: float = 1e-4  # well below the critic's: the residual moves slowly
     tau: float = 0.005  # target network Polyak rate
-    residual_scale: float = 0.5  # a = clip(b + scale * r); the base is far off under delay
+    # a = clip(b + scale * r). 2 lets the residual reach any action from any base action:
+    # under async naive at d = 4 the base is off by ~1 per dimension (measured), and smaller
+    # scales cap what the residual can correct (BC ceiling 0.42 at 0.5 vs 0.82 at 2.0)
+    residual_scale: float = 2.0
     exploration_std: float = 0.1  # Gaussian noise on r during data collection
     target_noise: float = 0.1  # target policy smoothing (on r)
     target_noise_clip: float = 0.25
     policy_delay: int = 2  # actor / target updates every k critic updates
     anchor_ratio: float = 0.5  # share of each batch drawn from anchor replay
-    anchor_weight: float = 2.5  # weight of the anchor (BC) term next to the unit-scaled Q term
+    anchor_weight: float = 1.0  # weight of the anchor (BC) term in the actor loss
+    # weight of the unit-scaled Q term (deterministic policy gradient). 0 by default: at the
+    # budgets this CPU affords (<= 12k env steps) the critic's action-gradient moved a
+    # pretrained actor away from the anchor data at every weight tried (2.5 .. 0.01
+    # relative; Adam rescales even a small term once the anchor term has converged), see README
+    q_weight: float = 0.0
     critic_warmup_updates: int = 500  # critic-only updates before the actor moves
+    pretrain_updates: int = 3000  # anchor pretraining (BC of the actor on anchor replay) before online RL
+    pretrain_lr: float = 1e-3
     utd: int = 1  # updates per environment step
     buffer_size: int = 200_000
 
@@ -35,11 +45,28 @@ class LearnerConfig:
             "learner.critic_subset": 1 <= self.critic_subset <= self.critic_heads,
             "learner.anchor_ratio": 0 <= self.anchor_ratio <= 1,
             "learner.residual_scale": 0 < self.residual_scale <= 2,
+            "learner.q_weight": self.q_weight >= 0, "learner.anchor_weight": self.anchor_weight >= 0,
             "learner.utd": self.utd >= 1, "learner.policy_delay": self.policy_delay >= 1,
+            "learner.pretrain_updates": self.pretrain_updates >= 0,
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"invalid learner settings: {bad} (see LearnerConfig for allowed ranges)")
+
+
+INTERVENTION_MODES = ("takeover", "corrective")
+
+
+@dataclass
+class InterventionSpec:
+    """The simulated human intervener (see ``arli.rl.collect.Intervention``)."""
+
+    prob: float = 1.0  # share of training episodes the intervener watches
+    after: int = 0  # it never acts before this step
+    mode: str = "corrective"  # takeover: acts until the end | corrective: short segments on deviation
+    threshold: float = 0.6  # corrective: max |a_robot - a_expert| that counts as a deviation
+    patience: int = 3  # corrective: consecutive deviating steps before it takes over
+    segment: int = 15  # corrective: steps it keeps control before handing back
 
 
 @dataclass
@@ -50,9 +77,8 @@ class RunSpec:
     strategy: str = "naive"  # async switch strategy of the base policy
     execute_horizon: int = 8
     env_steps: int = 12_000
-    anchor_episodes: int = 20  # intervener episodes collected before learning
-    intervention_prob: float = 0.3  # share of training episodes the intervener takes over
-    intervene_after: int = 50  # ... at this step, if the episode is still running
+    anchor_episodes: int = 60  # intervener episodes collected before learning
+    intervention: InterventionSpec = field(default_factory=InterventionSpec)
     learn_after: int = 1000  # transitions in replay before the first update
     eval_every: int = 2500
     eval_episodes: int = 20

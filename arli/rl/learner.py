@@ -1,11 +1,14 @@
 """Replay-anchored residual TD learner (TD3-style with an ensemble critic), top to bottom.
 
+Anchor pretraining (``pretrain_actor``): before any online data, the actor is behaviour-cloned
+onto anchor replay, so the executed action starts near the intervener's.
 Critic: E LayerNorm heads; target = R_n + discount * min over a random subset of target
-heads at (s', clip(b' + scale * (pi_targ(s') + smoothing noise))). Actor: maximise the mean
-head's Q of the executed action (divided by its mean magnitude, TD3+BC-style), plus
-``anchor_weight`` times an anchor term that pulls the executed action toward the anchor
-action on anchor samples (demonstrations / interventions). Warm-up: the first ``critic_warmup_updates`` updates train only the
-critic, so the actor moves only once the critic means something.
+heads at (s', clip(b' + scale * (pi_targ(s') + smoothing noise))).
+Actor: ``anchor_weight`` times the anchor term (executed action vs anchor action on the
+anchor rows of each mixed batch: demonstrations and intervention segments), minus
+``q_weight`` times the mean head's Q of the executed action divided by its mean magnitude
+(TD3+BC-style). Warm-up: the first ``critic_warmup_updates`` updates train only the critic,
+so the actor moves only once the critic means something.
 """
 
 from __future__ import annotations
@@ -14,10 +17,18 @@ import copy
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from arli.policies.residual import EnsembleCritic, ResidualActor, compose_action
 from arli.rl.config import LearnerConfig
 from arli.rl.replay import ReplayBuffer, mixed_batch
+
+
+def anchor_term(action: torch.Tensor, anchor_action: torch.Tensor, is_anchor: torch.Tensor) -> torch.Tensor:
+    """Mean squared distance (summed over action dims) between executed actions (B, m) and
+    anchor actions (B, m) over the rows flagged in ``is_anchor`` (B,)."""
+    per_row = ((action - anchor_action) ** 2).sum(-1)
+    return (per_row * is_anchor).sum() / is_anchor.sum().clamp(min=1.0)
 
 
 class ResidualLearner:
@@ -70,13 +81,12 @@ class ResidualLearner:
 
         if self.updates > cfg.critic_warmup_updates and self.updates % cfg.policy_delay == 0:
             action = compose_action(b["base"], self.actor(b["state"]), scale)
-            q_pi = self.critic(b["state"], action).mean(0)
-            # Q term normalised to unit scale (TD3+BC-style), so the anchor weight keeps the
-            # same meaning as the returns grow instead of fading away
-            q_term = -(q_pi / q_pi.abs().mean().detach().clamp(min=1e-3)).mean()
-            anchor = b["is_anchor"]
-            bc = (((action - b["action"]) ** 2).sum(-1) * anchor).sum() / anchor.sum().clamp(min=1.0)
-            actor_loss = q_term + cfg.anchor_weight * bc
+            bc = anchor_term(action, b["action"], b["is_anchor"])
+            actor_loss = cfg.anchor_weight * bc
+            if cfg.q_weight > 0:
+                q_pi = self.critic(b["state"], action).mean(0)
+                # unit-scaled (TD3+BC-style) so q_weight keeps its meaning as returns grow
+                actor_loss = actor_loss - cfg.q_weight * (q_pi / q_pi.abs().mean().detach().clamp(min=1e-3)).mean()
             self.actor_opt.zero_grad(set_to_none=True)
             actor_loss.backward()
             self.actor_opt.step()
@@ -85,6 +95,26 @@ class ResidualLearner:
         elif self.updates % cfg.policy_delay == 0:
             self._polyak(actor=False)
         return stats
+
+    def pretrain_actor(self, anchor: ReplayBuffer, updates: int, progress: bool = False) -> float:
+        """Anchor pretraining: behaviour-clone the executed action onto anchor actions before
+        any online data exists (the base under delay can be far off; starting the residual
+        from the anchor data is what makes a small online budget enough). Returns the last loss.
+        Uses its own optimiser so the actor's RL optimiser state starts fresh."""
+        if updates <= 0 or len(anchor) == 0:
+            return float("nan")
+        opt = torch.optim.Adam(self.actor.parameters(), lr=self.cfg.pretrain_lr)
+        loss = torch.zeros(())
+        for _ in tqdm(range(updates), desc="anchor pretraining", unit="upd", disable=not progress,
+                      mininterval=1.0):
+            b = anchor.sample(self.cfg.batch_size, self.generator)
+            action = compose_action(b["base"], self.actor(b["state"]), self.cfg.residual_scale)
+            loss = anchor_term(action, b["action"], torch.ones(len(action)))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        self.actor_target.load_state_dict(self.actor.state_dict())
+        return float(loss.item())
 
     @torch.no_grad()
     def _polyak(self, actor: bool = True) -> None:
