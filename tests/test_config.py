@@ -59,3 +59,14 @@ def test_rollout_entry_point_end_to_end(tmp_path):
     assert cells["sync"]["success"] >= 0.75
     assert cells["rtc"]["success"] >= 0.75
     assert cells["naive"]["success"] <= 0.25  # open-loop chunks planned from stale states
+
+
+@pytest.mark.parametrize("override,field", [
+    ("intervention.mode=sometimes", "intervention.mode"),
+    ("intervention.prob=1.5", "intervention.prob"),
+    ("learner.q_weight=-1", "learner.q_weight"),
+    ("learner.pretrain_updates=-5", "learner.pretrain_updates"),
+])
+def test_bad_finetune_values_name_the_field(override, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        compose("finetune", [override])

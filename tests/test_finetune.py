@@ -80,3 +80,19 @@ def test_finetune_entry_point_improves_success(tmp_path):
                  "learning_curve.png", "config.yaml"):
         assert (out / name).exists(), name
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(out / "tb"))
+
+
+def test_corrective_interventions_are_expert_labelled_anchor_rows():
+    """Base chunks fail under delay, so the intervener keeps correcting; every step it takes
+    becomes one anchor transition whose action is the expert's at that state."""
+    spec = RunSpec(env_steps=300, anchor_episodes=0, learn_after=10**9, eval_every=10_000, learner=TINY,
+                   intervention=InterventionSpec(prob=1.0, after=0, mode="corrective", segment=5))
+    env = make_env("pick_cube", max_episode_steps=60)
+    ft = Finetuner(spec, env, ExpertChunkPolicy("pick_cube", 16), EXPERTS["pick_cube"], FixedLatency(0.2))
+    ft.train(progress=False)
+    ctl, n = ft.controller, env.observation_space["state"].shape[0]
+    assert 0 < ctl.intervened_steps < ctl.env_steps  # short segments, not whole episodes
+    assert len(ft.anchor) == ctl.intervened_steps and len(ft.online) == ctl.env_steps - ctl.intervened_steps
+    rows = ft.anchor.data
+    expert = np.stack([EXPERTS["pick_cube"](s[:n]) for s in rows["state"][: len(ft.anchor)]])
+    np.testing.assert_allclose(rows["action"][: len(ft.anchor)], expert, atol=1e-6)
