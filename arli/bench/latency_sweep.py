@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from arli.bench.common import machine_info, print_last_line_json, success_plot, write_report
 from arli.commands.pretrain import ensure_base_policy
-from arli.config import LatencySweepConfig
+from arli.config import SWEEP_VARIANTS, LatencySweepConfig
 
 BASE_VARIANTS = {"base_sync": "sync", "base_naive": "naive", "base_rtc": "rtc"}
 RL_VARIANTS = ("standard", "arli", "arli_no_committed", "arli_no_midobs")
@@ -197,6 +197,24 @@ def main(cfg: LatencySweepConfig) -> int:
     return 0
 
 
+def non_default_settings(cfg: LatencySweepConfig) -> list[str]:
+    """Overrides of the residual-learning settings and variant list, as Hydra arguments, so
+    the command a report shows reproduces it."""
+    from arli.rl.config import RunSpec  # noqa: PLC0415
+
+    def flat(d: dict, prefix: str) -> dict:
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    now, default = flat(asdict(cfg.run), "run."), flat(asdict(RunSpec()), "run.")
+    out = [f"{k}={v}" for k, v in now.items() if v != default[k]]
+    if list(cfg.variants) != list(SWEEP_VARIANTS):
+        out.append(f"'variants=[{','.join(cfg.variants)}]'")
+    return out
+
+
 def markdown(cells: list[dict], cfg: LatencySweepConfig) -> str:
     delays = cfg.delay_steps
     head = "| variant | " + " | ".join(f"d = {d}" for d in delays) + " | steps to 80% (d = 4) |\n"
@@ -213,7 +231,8 @@ def markdown(cells: list[dict], cfg: LatencySweepConfig) -> str:
         reached = "—" if s80 is None else ("not reached" if s80["steps_to_80"] is None else s80["steps_to_80"])
         rows.append(f"| {variant} | " + " | ".join(vals) + f" | {reached} |")
     command = (f"arli bench latency-sweep env={cfg.env.name} budget={cfg.budget} "
-               f"'seeds={list(cfg.seeds)}' 'delay_steps={list(delays)}' eval_episodes={cfg.eval_episodes}")
+               f"'seeds={list(cfg.seeds)}' 'delay_steps={list(delays)}' eval_episodes={cfg.eval_episodes}"
+               + "".join(f" {o}" for o in non_default_settings(cfg)))
     return (
         f"# Latency sweep — `{cfg.env.name}`\n\n"
         f"Command: `{command}`\n\n"
