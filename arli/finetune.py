@@ -48,7 +48,8 @@ class Finetuner:
             rng=np.random.default_rng(spec.seed + 1), learn_after=spec.learn_after)
         self.episode = 0
         self.history: list[dict] = []
-        self.successes: list[bool] = []
+        self.successes: list[bool] = []  # every training episode (assisted or not)
+        self.assisted: list[bool] = []  # whether the intervener acted in it
 
     # -- data ----------------------------------------------------------------------------
     def _run(self, controller: ResidualController) -> bool:
@@ -65,10 +66,12 @@ class Finetuner:
         saved = ctl.intervention
         ctl.intervention = Intervention(self.expert, prob=1.0, after=0)
         learn_after, ctl.learn_after = ctl.learn_after, 10**12  # no updates while collecting
-        steps = ctl.env_steps  # demonstrations are not part of the online budget
+        # demonstrations are neither part of the online budget nor online interventions
+        steps, intervened = ctl.env_steps, ctl.intervened_steps
         for _ in range(self.spec.anchor_episodes):
             self._run(ctl)
-        ctl.intervention, ctl.learn_after, ctl.env_steps = saved, learn_after, steps
+        ctl.intervention, ctl.learn_after = saved, learn_after
+        ctl.env_steps, ctl.intervened_steps = steps, intervened
         return len(self.anchor)
 
     def prepare(self, progress: bool = False) -> dict[str, float]:
@@ -90,14 +93,17 @@ class Finetuner:
         while ctl.env_steps < target:
             before = ctl.env_steps
             success = self._run(ctl)
-            if not ctl.intervened_episode:  # the residual's own successes, not the intervener's
-                self.successes.append(success)
+            self.successes.append(success)
+            self.assisted.append(ctl.intervened_episode)
             bar.update(ctl.env_steps - before)
-            recent = float(np.mean(self.successes[-20:])) if self.successes else 0.0
-            bar.set_postfix(train_success=f"{recent:.2f}", anchor=len(self.anchor),
+            recent = float(np.mean(self.successes[-20:]))
+            assisted = float(np.mean(self.assisted[-20:]))
+            bar.set_postfix(success=f"{recent:.2f}", assisted=f"{assisted:.2f}", anchor=len(self.anchor),
                             q=f"{ctl.last_stats.get('q_mean', 0):.2f}", refresh=False)
             if writer is not None:
                 writer.add_scalar("train/success_20ep", recent, ctl.env_steps)
+                writer.add_scalar("train/assisted_20ep", assisted, ctl.env_steps)
+                writer.add_scalar("train/intervened_steps", ctl.intervened_steps, ctl.env_steps)
                 for key, value in ctl.last_stats.items():
                     writer.add_scalar(f"learner/{key}", value, ctl.env_steps)
             if ctl.env_steps >= next_eval or ctl.env_steps >= target:
@@ -131,7 +137,7 @@ class Finetuner:
             "online": self.online.state_dict(), "anchor": self.anchor.state_dict(),
             "rng": self.rng.bit_generator.state, "ctl_rng": ctl.rng.bit_generator.state,
             "env_steps": ctl.env_steps, "episode": self.episode, "history": self.history,
-            "successes": self.successes, "intervened_steps": ctl.intervened_steps,
+            "successes": self.successes, "assisted": self.assisted, "intervened_steps": ctl.intervened_steps,
         }, os.path.join(path, "trainer_state.pt"))
         save_file({k: v.contiguous() for k, v in self.learner.actor.state_dict().items()},
                   os.path.join(path, "residual_actor.safetensors"))
@@ -148,6 +154,7 @@ class Finetuner:
         ctl = self.controller
         ctl.rng.bit_generator.state = state["ctl_rng"]
         ctl.env_steps, ctl.intervened_steps = state["env_steps"], state["intervened_steps"]
-        self.episode, self.history, self.successes = state["episode"], state["history"], state["successes"]
+        self.episode, self.history = state["episode"], state["history"]
+        self.successes, self.assisted = state["successes"], state["assisted"]
         ctl.acc.reset()  # saved at an episode boundary: nothing pending
         ctl._pending = None

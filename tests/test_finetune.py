@@ -56,6 +56,7 @@ def test_interventions_and_anchor_data_are_routed_to_anchor_replay():
     ft = _finetuner()
     n_anchor = ft.collect_anchor()
     assert n_anchor > 0 and len(ft.online) == 0 and ft.controller.env_steps == 0
+    assert ft.controller.intervened_steps == 0  # demonstrations are not online interventions
     # anchor rows carry the expert's action and the base action the scheduler had (relabel)
     data = {k: v[:n_anchor] for k, v in ft.anchor.data.items()}
     assert np.abs(data["action"] - data["base"]).max() > 0.1

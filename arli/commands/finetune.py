@@ -76,6 +76,7 @@ def main(cfg: FinetuneConfig) -> int:
     summary = {
         "env": name, "variant": cfg.variant, "strategy": cfg.strategy, "delay_steps": delay,
         "env_steps": ft.controller.env_steps, "updates": ft.learner.updates,
+        # anchor replay = anchor episodes + online intervention steps
         "anchor_transitions": len(ft.anchor), "intervened_steps": ft.controller.intervened_steps,
         "base_success": base_eval["success"], "finetuned_success": final["success"],
         "eval_episodes": cfg.final_eval_episodes, "steps_to_80": steps_to(ft.history, 0.8),
@@ -86,6 +87,7 @@ def main(cfg: FinetuneConfig) -> int:
     print(f"\n| policy (async {cfg.strategy}, delay_steps={delay}) | success ({cfg.final_eval_episodes} episodes) |")
     print("|---|---:|")
     print(f"| base | {base_eval['success']:.2f} |")
-    print(f"| base + ARLI residual ({cfg.variant}, {ft.controller.env_steps} env steps) | {final['success']:.2f} |")
+    print(f"| base + ARLI residual ({cfg.variant}, {ft.controller.env_steps} env steps, "
+          f"{ft.controller.intervened_steps} of them by the intervener) | {final['success']:.2f} |")
     print(f"\nwrote {run_dir}/ (checkpoint/, tb/, learning_curve.png, summary.json) in {summary['wall_s']:.0f} s")
     return 0
