@@ -14,7 +14,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 
 from arli.policies.flow_config import FlowHyperparams
-from arli.rl.config import INTERVENTION_MODES, RunSpec
+from arli.rl.config import RunSpec
 
 LATENCY_KINDS = ("fixed", "uniform", "lognormal", "trace")
 
@@ -259,12 +259,8 @@ def validate_run(cfg: RunSpec) -> None:
     for name in ("env_steps", "eval_every", "eval_episodes", "execute_horizon"):
         _require(getattr(cfg, name) >= 1, name, ">= 1", getattr(cfg, name))
     _require(cfg.anchor_episodes >= 0, "anchor_episodes", ">= 0", cfg.anchor_episodes)
-    iv = cfg.intervention
-    _require(0 <= iv.prob <= 1, "intervention.prob", "in [0, 1]", iv.prob)
-    _require(iv.mode in INTERVENTION_MODES, "intervention.mode", f"one of {INTERVENTION_MODES}", iv.mode)
-    for name in ("after", "patience", "segment"):
-        _require(getattr(iv, name) >= 0, f"intervention.{name}", ">= 0", getattr(iv, name))
     try:
+        cfg.intervention.validate()
         cfg.learner.validate()
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

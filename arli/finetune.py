@@ -4,7 +4,6 @@ residual RL on ARLI states, periodic evaluation, checkpoints that resume exactly
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
 import time
 
 import numpy as np
@@ -15,7 +14,7 @@ from arli.augment import StateBuilder
 from arli.chunking import ChunkScheduler
 from arli.latency import LatencyModel, to_delay_steps
 from arli.rl.collect import Intervention, ResidualController
-from arli.rl.config import RunSpec
+from arli.rl.config import InterventionSpec, RunSpec
 from arli.rl.learner import ResidualLearner
 from arli.rl.replay import ReplayBuffer
 from arli.rollout import async_horizon, evaluate_policy, gripper_hold, run_episode
@@ -44,7 +43,7 @@ class Finetuner:
         self.rng = np.random.default_rng(spec.seed)  # latency draws
         self.controller = ResidualController(
             self.learner, self.builder, self.online, self.anchor, train=True,
-            intervention=Intervention(expert, **asdict(spec.intervention)),
+            intervention=Intervention(expert, spec.intervention),
             rng=np.random.default_rng(spec.seed + 1), learn_after=spec.learn_after)
         self.episode = 0
         self.history: list[dict] = []
@@ -64,7 +63,7 @@ class Finetuner:
         scheduler at every step). Returns the anchor transitions collected."""
         ctl = self.controller
         saved = ctl.intervention
-        ctl.intervention = Intervention(self.expert, prob=1.0, after=0)
+        ctl.intervention = Intervention(self.expert, InterventionSpec(prob=1.0, after=0, mode="takeover"))
         learn_after, ctl.learn_after = ctl.learn_after, 10**12  # no updates while collecting
         # demonstrations are neither part of the online budget nor online interventions
         steps, intervened = ctl.env_steps, ctl.intervened_steps
@@ -147,6 +146,9 @@ class Finetuner:
         if not os.path.exists(state_path):
             raise FileNotFoundError(f"no finetuning checkpoint at {path} (missing trainer_state.pt)")
         state = torch.load(state_path, weights_only=False)
+        if "assisted" not in state:
+            raise ValueError(f"{state_path} was written by an older ARLI (no per-episode 'assisted' record, "
+                             "different learner defaults); start a new run instead of resuming it")
         self.learner.load_state_dict(state["learner"])
         self.online.load_state_dict(state["online"])
         self.anchor.load_state_dict(state["anchor"])

@@ -15,17 +15,22 @@ def test_defaults_and_overrides():
     assert cfg.latency.kind == "uniform" and cfg.latency.high == 0.3
 
 
-@pytest.mark.parametrize("override,field", [
-    ("chunking.mode=sideways", "chunking.mode"),
-    ("chunking.strategy=magic", "chunking.strategy"),
-    ("env.name=moon_base", "env.name"),
-    ("env.dt=0.0123", "env.dt"),
-    ("chunking.execute_horizon=40", "chunking.execute_horizon"),
-    ("latency.sigma=-1", "latency.sigma"),
+@pytest.mark.parametrize("command,override,field", [
+    ("rollout", "chunking.mode=sideways", "chunking.mode"),
+    ("rollout", "chunking.strategy=magic", "chunking.strategy"),
+    ("rollout", "env.name=moon_base", "env.name"),
+    ("rollout", "env.dt=0.0123", "env.dt"),
+    ("rollout", "chunking.execute_horizon=40", "chunking.execute_horizon"),
+    ("rollout", "latency.sigma=-1", "latency.sigma"),
+    ("finetune", "intervention.mode=sometimes", "intervention.mode"),
+    ("finetune", "intervention.prob=1.5", "intervention.prob"),
+    ("finetune", "intervention.patience=0", "intervention.patience"),
+    ("finetune", "learner.q_weight=-1", "learner.q_weight"),
+    ("finetune", "learner.pretrain_updates=-5", "learner.pretrain_updates"),
 ])
-def test_bad_values_name_the_field(override, field):
+def test_bad_values_name_the_field(command, override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-        compose("rollout", [override])
+        compose(command, [override])
 
 
 def test_unknown_key_is_rejected():
@@ -60,13 +65,3 @@ def test_rollout_entry_point_end_to_end(tmp_path):
     assert cells["rtc"]["success"] >= 0.75
     assert cells["naive"]["success"] <= 0.25  # open-loop chunks planned from stale states
 
-
-@pytest.mark.parametrize("override,field", [
-    ("intervention.mode=sometimes", "intervention.mode"),
-    ("intervention.prob=1.5", "intervention.prob"),
-    ("learner.q_weight=-1", "learner.q_weight"),
-    ("learner.pretrain_updates=-5", "learner.pretrain_updates"),
-])
-def test_bad_finetune_values_name_the_field(override, field):
-    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-        compose("finetune", [override])

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 from arli.finetune import Finetuner
@@ -97,3 +98,16 @@ def test_corrective_interventions_are_expert_labelled_anchor_rows():
     rows = ft.anchor.data
     expert = np.stack([EXPERTS["pick_cube"](s[:n]) for s in rows["state"][: len(ft.anchor)]])
     np.testing.assert_allclose(rows["action"][: len(ft.anchor)], expert, atol=1e-6)
+
+
+def test_resuming_an_older_checkpoint_fails_clearly_and_leaves_it_intact(tmp_path):
+    ft = _finetuner()
+    ft.save(str(tmp_path / "ckpt"))
+    path = tmp_path / "ckpt" / "trainer_state.pt"
+    state = torch.load(path, weights_only=False)
+    del state["assisted"]  # what the previous version wrote
+    torch.save(state, path)
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match="older ARLI.*start a new run"):
+        _finetuner().load(str(tmp_path / "ckpt"))
+    assert path.read_bytes() == before

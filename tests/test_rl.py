@@ -1,12 +1,14 @@
 """Replay, n-step targets, residual networks and the anchored learner."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
 from arli.policies.residual import EnsembleCritic, ResidualActor, compose_action
 from arli.rl.collect import Intervention
-from arli.rl.config import LearnerConfig
+from arli.rl.config import InterventionSpec, LearnerConfig
 from arli.rl.learner import ResidualLearner
 from arli.rl.replay import NStepAccumulator, ReplayBuffer, mixed_batch
 
@@ -111,7 +113,7 @@ def test_anchor_term_pulls_toward_anchor_actions():
 
 def test_anchor_pretraining_clones_anchor_actions_and_syncs_the_target():
     learner, anchor, gap = _anchor_setup(pretrain_lr=3e-3)
-    assert learner.pretrain_actor(anchor, 0) != learner.pretrain_actor(anchor, 0)  # nan: nothing done
+    assert math.isnan(learner.pretrain_actor(anchor, 0))  # nothing done
     assert gap() == pytest.approx(0.25, abs=1e-6)
     loss = learner.pretrain_actor(anchor, 400)
     assert gap() < 0.2 * 0.25 and loss < 0.01
@@ -143,7 +145,8 @@ def _expert(state):
 
 
 def test_corrective_intervener_takes_short_segments_after_sustained_deviation():
-    iv = Intervention(_expert, prob=1.0, after=2, mode="corrective", threshold=0.6, patience=3, segment=4)
+    iv = Intervention(_expert, InterventionSpec(prob=1.0, after=2, mode="corrective", threshold=0.6,
+                                                patience=3, segment=4))
     iv.begin_episode(watching=True)
     far, near = np.array([-0.5, -0.5]), np.array([0.4, -0.4])
     acts = [iv.decide(t, np.zeros(D), far) is not None for t in range(12)]
@@ -158,10 +161,11 @@ def test_corrective_intervener_takes_short_segments_after_sustained_deviation():
 
 
 def test_takeover_intervener_acts_from_its_step_to_the_end():
-    iv = Intervention(_expert, prob=1.0, after=3, mode="takeover")
+    iv = Intervention(_expert, InterventionSpec(prob=1.0, after=3, mode="takeover"))
     iv.begin_episode(watching=True)
     out = [iv.decide(t, np.zeros(D), np.zeros(M)) for t in range(6)]
     assert [o is not None for o in out] == [False] * 3 + [True] * 3
     np.testing.assert_array_equal(out[-1], _expert(None))
-    with pytest.raises(ValueError, match="intervention mode"):
-        Intervention(_expert, mode="sometimes")
+    for bad in ({"mode": "sometimes"}, {"patience": 0}, {"threshold": -0.1}):
+        with pytest.raises(ValueError, match=f"intervention.{next(iter(bad))}"):
+            Intervention(_expert, InterventionSpec(**bad))

@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 
 from arli.augment import StateBuilder
-from arli.rl.config import INTERVENTION_MODES
+from arli.rl.config import InterventionSpec
 from arli.rl.learner import ResidualLearner
 from arli.rl.replay import NStepAccumulator, ReplayBuffer
 from arli.rollout import StepController
@@ -23,7 +23,7 @@ Expert = Callable[[np.ndarray], np.ndarray]
 class Intervention:
     """Simulated human intervener (a scripted expert standing in for the SpaceMouse operator).
 
-    In a share ``prob`` of episodes the intervener watches; then
+    Settings in ``spec``. In a share ``prob`` of episodes the intervener watches; then
     * ``takeover``: takes over at step ``after`` and acts until the episode ends;
     * ``corrective`` (HG-DAgger-style): from step ``after`` on, when the robot's action differs
       from the expert's by more than ``threshold`` (max over action dims) for ``patience``
@@ -32,16 +32,10 @@ class Intervention:
     """
 
     expert: Expert
-    prob: float = 0.0
-    after: int = 0
-    mode: str = "takeover"
-    threshold: float = 0.6
-    patience: int = 3
-    segment: int = 15
+    spec: InterventionSpec
 
     def __post_init__(self) -> None:
-        if self.mode not in INTERVENTION_MODES:
-            raise ValueError(f"intervention mode must be one of {INTERVENTION_MODES}, got {self.mode!r}")
+        self.spec.validate()
         self.begin_episode(watching=False)
 
     def begin_episode(self, watching: bool) -> None:
@@ -49,15 +43,16 @@ class Intervention:
 
     def decide(self, t: int, state: np.ndarray, proposed: np.ndarray) -> np.ndarray | None:
         """The intervener's action (m,) for step t, or None to let the robot act ``proposed``."""
-        if not self.watching or t < self.after:
+        spec = self.spec
+        if not self.watching or t < spec.after:
             return None
-        if self.mode == "takeover":
-            return np.asarray(self.expert(state), np.float32)
         expert_action = np.asarray(self.expert(state), np.float32)
+        if spec.mode == "takeover":
+            return expert_action
         if self._left == 0:
-            self._over = self._over + 1 if np.max(np.abs(proposed - expert_action)) > self.threshold else 0
-            if self._over >= self.patience:
-                self._left, self._over = self.segment, 0
+            self._over = self._over + 1 if np.max(np.abs(proposed - expert_action)) > spec.threshold else 0
+            if self._over >= spec.patience:
+                self._left, self._over = spec.segment, 0
         if self._left > 0:
             self._left -= 1
             return expert_action
@@ -93,7 +88,7 @@ class ResidualController(StepController):
         self._pending = None
         self.intervened_episode = False
         if self.intervention is not None:
-            self.intervention.begin_episode(watching=bool(self.rng.random() < self.intervention.prob))
+            self.intervention.begin_episode(watching=bool(self.rng.random() < self.intervention.spec.prob))
 
     def act(self, t: int, obs: dict, info: StepInfo) -> np.ndarray:
         state = self.builder.build(obs["state"], info)

@@ -68,6 +68,16 @@ class InterventionSpec:
     patience: int = 3  # corrective: consecutive deviating steps before it takes over
     segment: int = 15  # corrective: steps it keeps control before handing back
 
+    def validate(self) -> None:
+        checks = {"intervention.prob": 0 <= self.prob <= 1, "intervention.after": self.after >= 0,
+                  "intervention.mode": self.mode in INTERVENTION_MODES,
+                  "intervention.threshold": self.threshold >= 0,
+                  "intervention.patience": self.patience >= 1, "intervention.segment": self.segment >= 1}
+        bad = [k for k, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"invalid intervention settings: {bad} (modes: {INTERVENTION_MODES}; prob in "
+                             "[0, 1]; threshold >= 0; patience, segment >= 1)")
+
 
 @dataclass
 class RunSpec:
