@@ -85,6 +85,8 @@ class ChunkScheduler:
         max_delay_steps: bound on d used to validate ``execute_horizon``.
         hold: hold-action function (see ``make_hold``).
         committed_len: K, length of the committed block in ``StepInfo`` (default H).
+        min_delay_steps: lower bound on d. A request not yet sent cannot land before it, so
+            the steps up to the next request + ``min_delay_steps`` - 1 are committed too.
     """
 
     def __init__(
@@ -98,6 +100,7 @@ class ChunkScheduler:
         blend_steps: int = 4,
         hold: HoldFn | None = None,
         committed_len: int | None = None,
+        min_delay_steps: int = 0,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -106,6 +109,10 @@ class ChunkScheduler:
         if blend_steps < 1:
             raise ValueError(f"blend_steps must be >= 1, got {blend_steps}")
         validate_horizon(chunk_size, execute_horizon, max_delay_steps, mode)
+        if not 0 <= min_delay_steps <= max_delay_steps:
+            raise ValueError(f"min_delay_steps must be in [0, max_delay_steps={max_delay_steps}], "
+                             f"got {min_delay_steps}")
+        self.min_delay_steps = min_delay_steps
         self.chunk_size, self.execute_horizon, self.action_dim = chunk_size, execute_horizon, action_dim
         self.mode, self.strategy = mode, strategy
         self.max_delay_steps, self.blend_steps = max_delay_steps, blend_steps
@@ -192,7 +199,7 @@ class ChunkScheduler:
         if self.mode == "sync":
             # the next request comes s actions after the chunk starts
             self.next_request_step = start + self.execute_horizon
-        chunk = ActionChunk(actions, request_id, t0, start, dict(meta or {}))
+        chunk = ActionChunk(actions, request_id, t0, start, dict(meta or {}), flight.request.observation)
         self.previous, self.active, self.switch_step = self.active, chunk, step
         return True
 
@@ -235,7 +242,9 @@ class ChunkScheduler:
             return self.in_flight.expected_arrival
         if self.mode == "sync":
             return self.next_request_step if self.active is not None else step + 1
-        return self.next_request_step
+        # the next request is sent at next_request_step and lands min_delay_steps later at the
+        # earliest: until then the active chunk (or the hold) runs whatever the residual does
+        return max(self.next_request_step, step + 1) + self.min_delay_steps
 
     def step(self, step: int) -> StepInfo:
         """Action for control step ``step`` (call once per step, increasing)."""
@@ -290,4 +299,6 @@ class ChunkScheduler:
             starved=holding,
             planned_obs=flight.request.observation if flight is not None else None,
             request_obs=self.last_request_obs,
+            chunk_obs=active.observation if slot >= 0 else None,
+            chunk_actions=active.actions if slot >= 0 else None,
         )

@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                    "base policy: sync vs async naive/blend/rtc at delay_steps 0/2/4/8"),
     "bench latency-sweep": ("bench_latency_sweep", "arli.bench.latency_sweep:main",
                             "success vs delay: base, residual state variants, zero-delay ideal"),
+    "bench learner": ("bench_learner", "arli.bench.learner:main",
+                      "residual learner updates/s vs a CleanRL-style reference, same run"),
     "bench sim": ("bench_sim", "arli.bench.sim:main",
                   "control steps/s of our default task vs robosuite Lift"),
 }

@@ -198,6 +198,7 @@ class BenchBaseConfig:
     execute_horizon: int = 8
     blend_steps: int = 4
     seed: int = 10_000  # evaluation seeds are disjoint from the demo seeds
+    trace_episodes: int = 20  # traced async-naive episodes per delay (why it fails); 0 = none
     report_dir: str = "reports"
 
 
@@ -253,7 +254,10 @@ class FinetuneConfig(RunSpec):
 def validate_run(cfg: RunSpec) -> None:
     from arli.augment import VARIANTS  # noqa: PLC0415
 
+    from arli.rl.config import REGIMES  # noqa: PLC0415
+
     _require(cfg.variant in VARIANTS, "variant", f"one of {VARIANTS}", cfg.variant)
+    _require(cfg.regime in REGIMES, "regime", f"one of {REGIMES}", cfg.regime)
     allowed = ("naive", "blend", "rtc")
     _require(cfg.strategy in allowed, "strategy", f"one of {allowed}", cfg.strategy)
     for name in ("env_steps", "eval_every", "eval_episodes", "execute_horizon"):
@@ -278,8 +282,8 @@ def validate_finetune(cfg: FinetuneConfig) -> None:
 SCHEMAS["finetune"] = (FinetuneConfig, validate_finetune)
 
 
-SWEEP_VARIANTS = ("base_sync", "base_naive", "base_rtc", "standard", "arli", "arli_no_committed",
-                  "arli_no_midobs", "standard_d0")
+SWEEP_VARIANTS = ("base_sync", "base_naive", "base_rtc", "arli", "arli_no_committed", "arli_no_midobs",
+                  "standard", "standard_d0", "stepwise_d0", "bc_control", "anchor_only")
 
 
 @dataclass
@@ -290,8 +294,8 @@ class LatencySweepConfig:
     checkpoint: str = "checkpoints/base_${env.name}"
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     run: RunSpec = field(default_factory=RunSpec)  # residual RL settings (env_steps <- budget)
-    budget: int = 3000  # environment steps per RL run
-    delay_steps: list[int] = field(default_factory=lambda: [0, 2, 4, 8])
+    budget: int = 10_000  # environment steps per RL run (the issue allows up to 50k)
+    delay_steps: list[int] = field(default_factory=lambda: [0, 4, 8])
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     eval_episodes: int = 100  # per seed and cell
     variants: list[str] = field(default_factory=lambda: list(SWEEP_VARIANTS))
@@ -315,3 +319,26 @@ def validate_sweep(cfg: LatencySweepConfig) -> None:
 
 
 SCHEMAS["bench_latency_sweep"] = (LatencySweepConfig, validate_sweep)
+
+
+@dataclass
+class BenchLearnerConfig:
+    """``arli bench learner``: updates/s of the default learner vs a plain reference."""
+
+    obs_dim: int = 20  # peg_insert's state
+    action_dim: int = 5
+    chunk_size: int = 16
+    seconds: float = 5.0  # per measurement
+    threads: int = 2
+    seed: int = 0
+    json: bool = False
+    report_dir: str = "reports"
+
+
+def validate_bench_learner(cfg: BenchLearnerConfig) -> None:
+    for name in ("obs_dim", "action_dim", "chunk_size", "threads"):
+        _require(getattr(cfg, name) >= 1, name, ">= 1", getattr(cfg, name))
+    _require(cfg.seconds > 0, "seconds", "> 0", cfg.seconds)
+
+
+SCHEMAS["bench_learner"] = (BenchLearnerConfig, validate_bench_learner)

@@ -31,6 +31,9 @@ class LatencyModel(Protocol):
     def max_latency(self) -> float:
         """Upper bound (s) of ``sample``; used to validate execute_horizon."""
 
+    def min_latency(self) -> float:
+        """Lower bound (s) of ``sample``: steps before it are certain to run the old chunk."""
+
 
 @dataclass(frozen=True)
 class FixedLatency:
@@ -44,6 +47,9 @@ class FixedLatency:
         return self.latency_s
 
     def max_latency(self) -> float:
+        return self.latency_s
+
+    def min_latency(self) -> float:
         return self.latency_s
 
 
@@ -61,6 +67,9 @@ class UniformLatency:
 
     def max_latency(self) -> float:
         return self.high_s
+
+    def min_latency(self) -> float:
+        return self.low_s
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,9 @@ class LogNormalLatency:
 
     def max_latency(self) -> float:
         return self.max_s if self.max_s is not None else 4.0 * self.median_s + self.jitter_s
+
+    def min_latency(self) -> float:
+        return 0.0  # no useful lower bound on a log-normal draw
 
 
 @dataclass(frozen=True)
@@ -130,6 +142,9 @@ class TraceLatency:
 
     def max_latency(self) -> float:
         return max(self.values_s)
+
+    def min_latency(self) -> float:
+        return min(self.values_s)
 
 
 def latency_from_config(cfg) -> LatencyModel:

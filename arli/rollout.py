@@ -50,6 +50,9 @@ class StepController:
     override ``act`` and collect transitions in ``after_step`` / ``end``.
     """
 
+    def begin_episode(self) -> None:
+        """A new episode starts (called by ``run_episode`` before its first step)."""
+
     def act(self, t: int, obs: dict, info: StepInfo) -> np.ndarray:
         return info.base_action
 
@@ -75,6 +78,7 @@ def run_episode(
     obs, info = env.reset(seed=seed)
     policy.reset(seed)
     scheduler.reset()
+    ctl.begin_episode()
     pending: list[tuple[int, int, np.ndarray]] = []  # (arrival step, request id, actions)
     delays: list[int] = []
     t = 0
@@ -123,6 +127,7 @@ def evaluate_policy(
     execute_horizon: int = 8,
     blend_steps: int = 4,
     controller: StepController | None = None,
+    min_delay_steps: int = 0,
 ) -> dict:
     """Success of ``policy`` over ``episodes`` seeded episodes for one (strategy, latency) cell.
 
@@ -138,7 +143,8 @@ def evaluate_policy(
     horizon = execute_horizon if mode == "sync" else async_horizon(execute_horizon, H, max_delay)
     scheduler = ChunkScheduler(H, horizon, env.action_space.shape[0], mode,
                                "naive" if mode == "sync" else strategy, max_delay, blend_steps,
-                               hold=gripper_hold(env.action_space.shape[0]))
+                               hold=gripper_hold(env.action_space.shape[0]),
+                               min_delay_steps=min(min_delay_steps, max_delay))
     rng = np.random.default_rng(seed)
     results = [run_episode(env, policy, scheduler, latency, rng, seed + i, controller)
                for i in range(episodes)]

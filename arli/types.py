@@ -52,6 +52,7 @@ class ActionChunk:
     actions: (H, m) float32. ``start_step`` is t0 for asynchronous execution (the robot
     keeps moving while the chunk is computed) and t0 + d for synchronous execution.
     meta: timing and provenance (inference_s, server timestamps, policy name, ...).
+    observation: the request observation o_t0 the chunk was planned from.
     """
 
     actions: np.ndarray
@@ -59,6 +60,7 @@ class ActionChunk:
     t0: int
     start_step: int
     meta: dict[str, Any] = field(default_factory=dict)
+    observation: Observation | None = None
 
     @property
     def chunk_size(self) -> int:
@@ -81,6 +83,8 @@ class StepInfo:
     index_in_chunk: slot of ``base_action`` in its chunk (-1 when holding).
     planned_obs: observation the in-flight chunk was planned from (None if none in flight).
     request_obs: observation of the latest request (o_t0), in flight or landed.
+    chunk_obs: observation the executing chunk was planned from (None when holding).
+    chunk_actions: (H, m) the executing chunk (None when holding).
     starved: True when the hold action ran because no chunk slot covers this step (waiting
     for the first chunk, the sync inference window, or the active chunk ran out).
     """
@@ -98,3 +102,5 @@ class StepInfo:
     starved: bool
     planned_obs: Observation | None = None
     request_obs: Observation | None = None
+    chunk_obs: Observation | None = None
+    chunk_actions: np.ndarray | None = None

@@ -97,6 +97,9 @@ class FrankaTaskEnv(gym.Env, abc.ABC):
     def _bind_objects(self) -> None:
         """Look up ids of the task's objects in the compiled model."""
 
+    def _after_physics(self) -> None:
+        """Called after every control step's physics (dynamic tasks change the scene here)."""
+
     @abc.abstractmethod
     def _reset_task(self, rng: np.random.Generator) -> None:
         """Place the task objects (qpos / static body poses) for a new episode."""
@@ -132,6 +135,7 @@ class FrankaTaskEnv(gym.Env, abc.ABC):
         mujoco.mj_comPos(self.model, self.data)
         mujoco.mj_comVel(self.model, self.data)
         self.elapsed_steps += 1
+        self._after_physics()
         success = self._is_success()
         truncated = self.elapsed_steps >= self.max_episode_steps
         info = {"is_success": success}

@@ -24,9 +24,26 @@ class ScriptedExpert(Protocol):
         """state (n,) -> action (5,)."""
 
 
-def _move(ee: np.ndarray, target: np.ndarray, gain: float = 0.4, max_speed: float = 1.0):
-    """Proportional Cartesian step toward ``target`` in normalised action units (3,)."""
-    return np.clip(gain * (target - ee) / _LIM.max_step_pos, -max_speed, max_speed)
+# Teleoperator-like motion (DESIGN.md §4): speed is bounded, speeding up is bounded by the
+# measured hand speed (no jumps from rest) and the approach is exponential with a slow gain,
+# so an action chunk spreads its motion over many slots instead of front-loading it into
+# the first few (which latency skips). Braking is not rate-limited: the measured velocity
+# lags the commanded target, and braking from it would overshoot.
+MAX_SPEED = 0.6  # action units (x 2 cm) per step: 0.24 m/s at 20 Hz
+MAX_ACCEL = 0.1  # speed-up per step over the measured hand speed, action units
+GAIN = 0.3  # fraction of the remaining distance commanded per step
+POLICY_DT = 0.05  # the control period the experts were designed for
+
+
+def _move(ee: np.ndarray, target: np.ndarray, vel: np.ndarray, gain: float = GAIN,
+          max_speed: float = MAX_SPEED) -> np.ndarray:
+    """Cartesian step toward ``target`` (3,), normalised action units, from the measured
+    hand velocity ``vel`` (3,) m/s: speed min(max_speed, gain * distance, |v| + MAX_ACCEL)."""
+    err = (target - ee) / _LIM.max_step_pos
+    dist = float(np.linalg.norm(err))
+    current = float(np.linalg.norm(vel)) * POLICY_DT / _LIM.max_step_pos
+    speed = min(max_speed, gain * dist, current + MAX_ACCEL)
+    return err * (speed / dist) if dist > 1e-9 else np.zeros(3)
 
 
 def _yaw_action(ee_sin: float, ee_cos: float, target_yaw: float) -> float:
@@ -40,29 +57,29 @@ def _action(move: np.ndarray, yaw: float, grip: float) -> np.ndarray:
 
 def pick_cube_expert(state: np.ndarray) -> np.ndarray:
     """Approach above the cube, align yaw, descend, close, lift."""
-    ee, width = state[0:3], state[5]
+    ee, width, vel = state[0:3], state[5], state[6:9]
     cube = state[9:12]
     cube_yaw = np.arctan2(state[12], state[13]) / 4.0  # in [-pi/4, pi/4] (cube symmetry)
     yaw = _yaw_action(state[3], state[4], cube_yaw)
     rel = cube - ee
     grasped = width < 0.046 and np.linalg.norm(rel) < 0.025
     if grasped:
-        return _action(_move(ee, np.array([ee[0], ee[1], 0.16])), 0.0, CLOSE)
+        return _action(_move(ee, np.array([ee[0], ee[1], 0.16]), vel), 0.0, CLOSE)
     if np.linalg.norm(rel[:2]) > 0.008:
         hover = np.array([cube[0], cube[1], max(ee[2], cube[2] + 0.05)])
         if np.linalg.norm(rel[:2]) > 0.03:
             hover[2] = cube[2] + 0.08
-        return _action(_move(ee, hover), yaw, OPEN)
+        return _action(_move(ee, hover, vel), yaw, OPEN)
     if ee[2] - cube[2] > 0.004:
         if width < 0.07:  # fingers still closing from a failed grasp: open first
             return _action(np.zeros(3), yaw, OPEN)
-        return _action(_move(ee, cube), yaw, OPEN)
-    return _action(_move(ee, cube), 0.0, CLOSE)
+        return _action(_move(ee, cube, vel), yaw, OPEN)
+    return _action(_move(ee, cube, vel), 0.0, CLOSE)
 
 
 def peg_insert_expert(state: np.ndarray) -> np.ndarray:
     """Grasp the peg near its top, lift it clear of the fixture, align over the hole, insert."""
-    ee, width = state[0:3], state[5]
+    ee, width, vel = state[0:3], state[5], state[6:9]
     peg, hole = state[9:12], state[14:17]
     yaw = _yaw_action(state[3], state[4], 0.0)
     grasp_point = peg + np.array([0.0, 0.0, 0.015])
@@ -76,24 +93,25 @@ def peg_insert_expert(state: np.ndarray) -> np.ndarray:
             # Travel above the rim; only descend once aligned to within the clearance.
             dz = (clear_height + 0.01) - peg_bottom if peg_bottom < clear_height else 0.0
             target = ee + np.array([err_xy[0], err_xy[1], dz])
-            return _action(_move(ee, target, gain=0.35, max_speed=0.6), yaw, CLOSE)
+            return _action(_move(ee, target, vel, max_speed=0.5), yaw, CLOSE)
         target = ee + np.array([err_xy[0], err_xy[1], -0.03])
-        return _action(_move(ee, target, gain=0.35, max_speed=0.6), yaw, CLOSE)
+        return _action(_move(ee, target, vel, max_speed=0.5), yaw, CLOSE)
     if np.linalg.norm(rel[:2]) > 0.006:
         hover = np.array([grasp_point[0], grasp_point[1], peg[2] + PEG_HALF_LEN + 0.06])
         if np.linalg.norm(rel[:2]) < 0.03:
             hover[2] = max(ee[2], grasp_point[2] + 0.03)
-        return _action(_move(ee, hover), yaw, OPEN)
+        return _action(_move(ee, hover, vel), yaw, OPEN)
     if ee[2] - grasp_point[2] > 0.004:
         if width < 0.07:
             return _action(np.zeros(3), yaw, OPEN)
-        return _action(_move(ee, grasp_point), yaw, OPEN)
-    return _action(_move(ee, grasp_point), 0.0, CLOSE)
+        return _action(_move(ee, grasp_point, vel), yaw, OPEN)
+    return _action(_move(ee, grasp_point, vel), 0.0, CLOSE)
 
 
 EXPERTS: dict[str, ScriptedExpert] = {
     "pick_cube": pick_cube_expert,
     "peg_insert": peg_insert_expert,
+    "peg_insert_dynamic": peg_insert_expert,
 }
 
 
@@ -110,6 +128,7 @@ class _Layout:
 LAYOUTS = {
     "pick_cube": _Layout(slice(9, 12), 0.04, rel_to_ee=slice(14, 17)),
     "peg_insert": _Layout(slice(9, 12), 0.03, rel_to_fixed=(slice(17, 20), slice(14, 17))),
+    "peg_insert_dynamic": _Layout(slice(9, 12), 0.03, rel_to_fixed=(slice(17, 20), slice(14, 17))),
 }
 
 
@@ -121,7 +140,7 @@ def predict_state(task: str, state: np.ndarray, action: np.ndarray, dt: float = 
     """
     lay = LAYOUTS[task]
     s = state.copy()
-    ee = s[0:3]
+    ee = s[0:3].copy()  # a view would change with s below (and zero the velocity)
     delta = np.clip(action[:3], -1, 1) * _LIM.max_step_pos
     new_ee = np.clip(ee + delta, _LIM.low, _LIM.high)
     yaw = np.arctan2(s[3], s[4]) + np.clip(action[3], -1, 1) * _LIM.max_step_yaw

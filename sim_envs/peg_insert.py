@@ -82,3 +82,35 @@ class PegInsertEnv(FrankaTaskEnv):
         bottom = peg[2] - PEG_HALF_LEN
         inside = np.all(np.abs(peg[:2] - hole[:2]) < HOLE_HALF)
         return bool(inside and bottom < RIM_HEIGHT - INSERT_DEPTH)
+
+
+class PegInsertDynamicEnv(PegInsertEnv):
+    """PegInsert whose hole fixture is displaced mid-episode (the dynamic precision task).
+
+    At a random step in ``shift_window`` the fixture jumps ``shift_range`` metres in a random
+    horizontal direction — more than the 3 mm clearance, so a peg aimed at the old hole lands
+    on the rim. The shift is visible only in observations taken after it (hole position in
+    the state), which is what a fresh mid-inference observation provides and a stale chunk
+    does not. No shift once the peg is inside the hole.
+    """
+
+    instruction = "insert the peg into the hole"
+    shift_window = (25, 55)  # control steps
+    shift_range = (0.005, 0.009)  # metres
+
+    def _reset_task(self, rng: np.random.Generator) -> None:
+        super()._reset_task(rng)
+        self.shift_step = int(rng.integers(*self.shift_window))
+        angle = rng.uniform(-np.pi, np.pi)
+        self.shift = rng.uniform(*self.shift_range) * np.array([np.cos(angle), np.sin(angle), 0.0])
+        self.shifted = False
+
+    def _after_physics(self) -> None:
+        if self.shifted or self.elapsed_steps != self.shift_step:
+            return
+        peg, hole = self.peg_pos(), self.hole_pos()
+        if np.all(np.abs(peg[:2] - hole[:2]) < HOLE_HALF + WALL_HALF) and peg[2] - PEG_HALF_LEN < RIM_HEIGHT:
+            return  # already entering the hole: moving the walls would cut through the peg
+        self.model.body_pos[self._hole_body] += self.shift
+        self.shifted = True
+        mujoco.mj_kinematics(self.model, self.data)

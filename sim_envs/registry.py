@@ -11,6 +11,7 @@ import gymnasium as gym
 TASKS: dict[str, tuple[str, str]] = {
     "pick_cube": ("ARLI/PickCube-v0", "sim_envs.pick_cube:PickCubeEnv"),
     "peg_insert": ("ARLI/PegInsert-v0", "sim_envs.peg_insert:PegInsertEnv"),
+    "peg_insert_dynamic": ("ARLI/PegInsertDynamic-v0", "sim_envs.peg_insert:PegInsertDynamicEnv"),
     "robosuite_lift": ("ARLI/RobosuiteLift-v0", "sim_envs.robosuite_adapter:RobosuiteLiftEnv"),
 }
 GYM_IDS = {gym_id: name for name, (gym_id, _) in TASKS.items()}

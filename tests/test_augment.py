@@ -43,47 +43,93 @@ def drive(sched, delays, steps, builders):
 @given(H=st.integers(4, 16), data=st.data())
 def test_augmented_state_matches_the_scheduler(H, data):
     d_max = data.draw(st.integers(0, H // 2))
+    d_min = data.draw(st.integers(0, d_max))
     s = data.draw(st.integers(max(d_max, 1), max(H - d_max, 1)))
-    delays = data.draw(st.lists(st.integers(0, d_max), min_size=1, max_size=20))
-    sched = ChunkScheduler(H, s, M, "async", "naive", d_max, hold=make_hold(M))
-    builders = {v: StateBuilder(v, N, M, H, include_planned_obs=True) for v in VARIANTS}
+    delays = data.draw(st.lists(st.integers(d_min, d_max), min_size=1, max_size=20))
+    sched = ChunkScheduler(H, s, M, "async", "naive", d_max, hold=make_hold(M), min_delay_steps=d_min)
+    builders = {v: StateBuilder(v, N, M, H, episode_steps=60) for v in VARIANTS}
     executed, states, infos = drive(sched, delays, 60, builders)
     lay = builders["arli"].layout
     for t, (state, info) in enumerate(zip(states["arli"], infos)):
         np.testing.assert_array_equal(state[lay.obs], np.full(N, t))  # fresh observation
         np.testing.assert_array_equal(state[lay.base_action], executed[t])
+        assert state[lay.progress][0] == pytest.approx(t / 60)
         committed = state[lay.committed].reshape(H, M)
         mask = state[lay.mask].astype(bool)
+        assert not mask[np.argmin(mask):].any()  # the valid part is a prefix
         for k in np.flatnonzero(mask):  # every marked committed action is what executes
             if t + 1 + k < len(executed):
                 np.testing.assert_allclose(committed[k], executed[t + 1 + k], atol=1e-6)
         assert not committed[~mask].any()
         ti = state[lay.timing] * H
-        np.testing.assert_allclose(ti[:3], [info.steps_since_request, info.steps_until_switch,
-                                            info.index_in_chunk], atol=1e-5)
-        if info.in_flight:  # o_t0 of the in-flight chunk, flagged
-            assert state[lay.planned_obs][-1] == 1.0
-            np.testing.assert_array_equal(state[lay.planned_obs][:N], np.full(N, info.planned_obs.step))
+        np.testing.assert_allclose(ti, [info.steps_since_request, info.steps_until_switch,
+                                        info.index_in_chunk, float(info.in_flight) * H,
+                                        info.delay_steps], atol=1e-5)
         # no_midobs sees the request observation instead of the fresh one
         stale = states["arli_no_midobs"][t][:N]
         np.testing.assert_array_equal(stale, np.full(N, info.request_obs.step))
         assert info.request_obs.step <= t
-    assert states["standard"][0].shape == (N + M,)
+        # stepwise: fresh observation + base action + progress, nothing else
+        np.testing.assert_allclose(states["stepwise"][t], np.r_[np.full(N, t), executed[t], t / 60], rtol=1e-6)
     assert states["arli_no_committed"][0].shape[0] == builders["arli"].dim - H * M - H
+
+
+@settings(max_examples=40, deadline=None)
+@given(H=st.integers(4, 16), data=st.data())
+def test_standard_state_is_fixed_at_its_request(H, data):
+    """Latency-unaware RL decides with the base request: its state at a step is a function of
+    the executing chunk's request observation, the chunk and the slot, nothing fresher; and
+    only slots from d on (the ones that execute) ever produce a state."""
+    d_max = data.draw(st.integers(0, H // 2))
+    s = data.draw(st.integers(max(d_max, 1), max(H - d_max, 1)))
+    delays = data.draw(st.lists(st.integers(0, d_max), min_size=1, max_size=20))
+    sched = ChunkScheduler(H, s, M, "async", "naive", d_max, hold=make_hold(M))
+    builder = StateBuilder("standard", N, M, H, episode_steps=60)
+    lay = builder.layout
+    executed, states, infos = drive(sched, delays, 60, {"standard": builder})
+    for t, (state, info) in enumerate(zip(states["standard"], infos)):
+        if info.index_in_chunk < 0:
+            assert state[lay.slot][1] == 1.0 and not state[lay.obs].any()
+            continue
+        t0 = int(state[lay.obs][0])
+        assert t0 == info.chunk_obs.step <= t - info.delay_steps  # decided at the request
+        assert state[lay.slot][0] * H == pytest.approx(t - t0)  # slot-aligned: slot = t - t0
+        assert t - t0 >= info.delay_steps  # committed slots never execute
+        chunk = state[lay.chunk].reshape(H, M)
+        np.testing.assert_array_equal(chunk[t - t0], executed[t])
+        assert state[lay.progress][0] == pytest.approx(t0 / 60)
+
+
+def test_committed_block_reaches_the_next_request_plus_its_delay():
+    """Fixed d = 3, s = 6: a request at 6 lands at 9. At step 4 (nothing in flight) the
+    actions of steps 5 .. 8 are certain: the old chunk runs until the new one lands."""
+    H, d = 12, 3
+    sched = ChunkScheduler(H, 6, M, "async", "naive", d, hold=make_hold(M), min_delay_steps=d)
+    executed, _, infos = drive(sched, [d], 12, {})
+    info = infos[4]
+    assert not info.in_flight
+    assert int(info.committed_mask.sum()) == 4  # steps 5, 6, 7, 8
+    np.testing.assert_allclose(info.committed[:4], executed[5:9])
+    loose = ChunkScheduler(H, 6, M, "async", "naive", d, hold=make_hold(M))  # no lower bound on d
+    _, _, infos = drive(loose, [d], 12, {})
+    assert int(infos[4].committed_mask.sum()) == 1  # only step 5 is certain
+    with pytest.raises(ValueError, match="min_delay_steps"):
+        ChunkScheduler(H, 6, M, "async", "naive", d, min_delay_steps=d + 1)
 
 
 def test_variant_validation_and_normalisation():
     with pytest.raises(ValueError, match="one of"):
         StateBuilder("delayed", N, M, 8)
-    b = StateBuilder("standard", N, M, 8, obs_mean=np.ones(N), obs_std=2 * np.ones(N))
+    b = StateBuilder("stepwise", N, M, 8, episode_steps=10, obs_mean=np.ones(N), obs_std=2 * np.ones(N))
     sched = ChunkScheduler(8, 4, M, "async", "naive", 0, hold=make_hold(M))
     req = sched.make_request(Observation(np.zeros(N), 0), 0, 0)
     sched.deliver(req.request_id, np.ones((8, M)), 0)
-    state = b.build(np.full(N, 5.0), sched.step(0))
-    np.testing.assert_array_equal(state, [2, 2, 2, 1, 1])
+    sched.step(0)
+    state = b.build(np.full(N, 5.0), sched.step(1))
+    np.testing.assert_allclose(state, [2, 2, 2, 1, 1, 0.1])
 
 
-def test_chunk_mode_slot_split():
+def test_slot_split():
     # chunk planned at t0 = 10 (slot i <-> step 10 + i), landed at 13, replaced at 19
     split = split_slots(switch_in=13, switch_out=19, chunk_start=10, chunk_size=16)
     assert list(split["committed"]) == [0, 1, 2]
@@ -92,21 +138,3 @@ def test_chunk_mode_slot_split():
     # replaced before it ever ran: nothing executed, all discarded after the committed part
     split = split_slots(13, 12, 10, 16)
     assert list(split["executed"]) == [] and list(split["discarded"])[0] == 3
-
-
-def test_chunk_decision_from_mid_inference_observation():
-    from arli.augment import chunk_decision
-
-    H, d, m_into = 12, 4, 2
-    sched = ChunkScheduler(H, 6, M, "async", "naive", d, hold=make_hold(M))  # requests 0, 6, 12, 18
-    executed, _, infos = drive(sched, [d], 30, {})
-    # request at t0 = 12 lands at 16; the decision observation is taken at 12 + m = 14
-    info = infos[12 + m_into]
-    new_chunk = np.full((H, M), 0.5)
-    dec = chunk_decision(np.full(N, 14.0), info, new_chunk)
-    n_valid = int(dec.committed_mask.sum())
-    assert n_valid == d - m_into - 1  # steps 15 .. 15 (the window ends when the chunk lands at 16)
-    np.testing.assert_allclose(dec.committed[:n_valid], executed[15:15 + n_valid])
-    assert dec.vector().shape == (N + H * M + H + H * M,)
-    with pytest.raises(ValueError, match="inference window"):
-        chunk_decision(np.zeros(N), infos[17], new_chunk)

@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 ARGS = ["env=pick_cube", "checkpoint=expert", "budget=150", "seeds=[0,1]", "delay_steps=[4]",
-        "variants=[base_naive,arli,standard_d0]", "eval_episodes=2", "workers=1",
-        "run.anchor_episodes=1", "run.learn_after=50", "run.learner.hidden=32",
-        "run.learner.batch_size=32", "run.learner.critic_warmup_updates=10"]
+        "variants=[base_naive,arli,standard_d0,bc_control,anchor_only]", "eval_episodes=2", "workers=1",
+        "run.anchor_episodes=1", "run.learn_after=50", "run.learner.hidden=32", "run.learner.critic_hidden=32",
+        "run.learner.batch_size=32", "run.learner.critic_warmup_updates=10", "run.learner.pretrain_updates=10"]
 
 
 def _sweep(tmp_path, *extra):
@@ -22,22 +22,30 @@ def _sweep(tmp_path, *extra):
 
 def test_latency_sweep_cells_cache_and_report(tmp_path):
     out = _sweep(tmp_path)
-    assert out["env"] == "pick_cube" and out["budget"] == 150
+    assert out["env"] == "pick_cube" and out["budget"] == 150 and out["regime"] == "rl"
     keys = {(c["variant"], c["delay_steps"]) for c in out["cells"]}
-    assert keys == {("base_naive", 4), ("arli", 4), ("standard_d0", 0)}
+    assert keys == {("base_naive", 4), ("arli", 4), ("standard_d0", 0), ("bc_control", 4), ("anchor_only", 4)}
     for c in out["cells"]:
         assert c["seeds"] == 2 and 0 <= c["success_mean"] <= 1 and c["success_std"] >= 0
         assert set(c) >= {"variant", "delay_steps", "success_mean", "success_std", "seeds", "steps_to_80"}
     rows = [json.loads(line) for line in (tmp_path / "cells.jsonl").read_text().splitlines()]
-    assert len(rows) == 6 and all(r["budget"] == 150 for r in rows)
+    assert len(rows) == 10 and all(r["budget"] == 150 for r in rows)
+    # anchor_only never trains online: its curve is empty; bc_control and arli train
+    curves = {(r["variant"], r["seed"]): r.get("curve") for r in rows}
+    assert curves[("anchor_only", 0)] == [] and len(curves[("arli", 0)]) >= 1
     assert json.loads((tmp_path / "reports" / "latency_sweep.json").read_text())["cells"] == out["cells"]
     md = (tmp_path / "reports" / "latency_sweep.md").read_text()
-    assert "budget=150" in md and "Expected result" in md
+    assert "budget=150" in md and "Expected results" in md
+    verdicts = {v["claim"]: v for v in out["verdicts"]}
+    assert verdicts["arli@4 > anchor_only@4"]["holds"] is not None  # both cells exist: computed
+    assert verdicts["standard@4 <= arli@4 - 0.20"]["holds"] is None  # standard@4 not run
+    by = {(c["variant"], c["delay_steps"]): c["success_mean"] for c in out["cells"]}
+    assert verdicts["arli@4 > anchor_only@4"]["holds"] == (by[("arli", 4)] > by[("anchor_only", 4)])
     assert (tmp_path / "reports" / "latency_sweep.png").stat().st_size > 1000
     # a second run finds every cell in the cache and runs nothing new
     again = _sweep(tmp_path)
     assert again["cells"] == out["cells"]
-    assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 6
+    assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 10
     # a changed learner recipe invalidates the residual cells, not the base-policy ones
     changed = _sweep(tmp_path, "run.learner.anchor_weight=7.0", "report_only=true")
     assert {(c["variant"], c["delay_steps"]) for c in changed["cells"]} == {("base_naive", 4)}

@@ -31,14 +31,19 @@ def test_pretrain_then_bench_base(tmp_path):
     assert chunk.shape == (16, 5) and np.all(np.abs(chunk) <= 1)
 
     out = _arli("bench", "base", "env=pick_cube", f"checkpoint={ckpt}", "episodes=2",
-                "delay_steps=[0,4]", "strategies=[sync,rtc]", f"report_dir={rep}")
+                "delay_steps=[0,4]", "strategies=[sync,rtc]", "trace_episodes=2", f"report_dir={rep}")
     last = json.loads(out.strip().splitlines()[-1])
     assert last["env"] == "pick_cube"
     keys = {(c["mode"], c["strategy"], c["delay_steps"]) for c in last["cells"]}
     assert keys == {("sync", "none", 0), ("async", "rtc", 0), ("sync", "none", 4), ("async", "rtc", 4)}
     assert all(c["episodes"] == 2 and 0 <= c["success"] <= 1 for c in last["cells"])
-    assert json.loads((rep / "base.json").read_text()) == last
-    assert (rep / "base.png").stat().st_size > 1000
+    assert json.loads((rep / "base_pick_cube.json").read_text()) == last
+    assert (rep / "base_pick_cube.png").stat().st_size > 1000
+    # traced episodes: one row per delay, with the comparison to the expert and the split
+    assert [t["delay_steps"] for t in last["traces"]] == [0, 4]
+    for t in last["traces"]:
+        assert t["episodes"] == 2 and t["expert_gap"] >= 0 and t["obs_age"] >= t["delay_steps"]
+    assert "Why it fails" in (rep / "base_pick_cube.md").read_text()
 
 
 def test_image_observations_flow_from_dataset_to_policy(tmp_path):

@@ -9,15 +9,15 @@ import torch
 from arli.policies.residual import EnsembleCritic, ResidualActor, compose_action
 from arli.rl.collect import Intervention
 from arli.rl.config import InterventionSpec, LearnerConfig
-from arli.rl.learner import ResidualLearner
-from arli.rl.replay import NStepAccumulator, ReplayBuffer, mixed_batch
+from arli.rl.learner import LearnerDiverged, ResidualLearner
+from arli.rl.replay import DEMO, INTERVENTION, ONLINE, NStepAccumulator, ReplayBuffer, mixed_batch
 
 D, M = 6, 2
 
 
-def _push(acc, reward, terminated=False, truncated=False, tag=""):
+def _push(acc, reward, terminated=False, truncated=False, source=ONLINE):
     s = np.full(D, reward)
-    return acc.push(s, np.zeros(M), np.zeros(M), reward, s + 100, np.ones(M), terminated, truncated, tag)
+    return acc.push(s, np.zeros(M), np.zeros(M), reward, s + 100, np.ones(M), terminated, truncated, source)
 
 
 def test_n_step_targets_equal_a_hand_computed_case():
@@ -39,6 +39,22 @@ def test_n_step_targets_equal_a_hand_computed_case():
     assert [t["discount"] for t in out] == pytest.approx([0.25, 0.5])
 
 
+def test_n_step_window_never_spans_a_change_of_actor():
+    """The residual's return must not count the intervener's actions as its own: when the
+    intervener takes over at s_t, the robot's window bootstraps from s_t."""
+    acc = NStepAccumulator(n=3, gamma=0.5)
+    assert _push(acc, 1.0) == [] and _push(acc, 2.0) == []
+    out = _push(acc, 4.0, source=INTERVENTION)  # s = 4 is where the intervener took over
+    assert [t["source"] for t in out] == [ONLINE, ONLINE]
+    assert [t["ret"] for t in out] == pytest.approx([1 + 0.5 * 2, 2])
+    assert [t["discount"] for t in out] == pytest.approx([0.25, 0.5])
+    for t in out:
+        np.testing.assert_array_equal(t["next_state"], np.full(D, 4.0))
+    out = _push(acc, 8.0, source=INTERVENTION) + _push(acc, 16.0, source=ONLINE)
+    assert [t["source"] for t in out] == [INTERVENTION, INTERVENTION]
+    assert [t["ret"] for t in out] == pytest.approx([4 + 0.5 * 8, 8])
+    np.testing.assert_array_equal(out[0]["next_state"], np.full(D, 16.0))
+
 def test_replay_ring_buffer_and_mixing():
     buf, anchor = ReplayBuffer(4, D, M), ReplayBuffer(4, D, M)
     acc = NStepAccumulator(1, 0.9)
@@ -50,9 +66,11 @@ def test_replay_ring_buffer_and_mixing():
     batch = mixed_batch(buf, anchor, 10, 0.3, torch.Generator().manual_seed(0))
     assert batch["is_anchor"].sum() == 3
     assert torch.all(batch["ret"][batch["is_anchor"] == 1] == -1)
-    with pytest.raises(ValueError, match="NaN"):
-        buf.add({**tr, "ret": float("nan")})
+    before = {k: v.copy() for k, v in buf.data.items()}
+    with pytest.raises(ValueError, match="discount"):
+        buf.add({**tr, "discount": float("nan")})  # the last field: nothing before it is written
     assert len(buf) == 4
+    assert all(np.array_equal(before[k], buf.data[k]) for k in before)
 
 
 def test_zero_initial_residual():
@@ -73,24 +91,26 @@ def test_batched_ensemble_equals_separate_heads():
     s, a = torch.randn(5, D), torch.randn(5, M)
     q = critic(s, a)
     x = torch.cat([s, a], -1)
-    for e in range(3):
-        h = torch.relu(torch.nn.functional.layer_norm(x @ critic.l1.weight[e] + critic.l1.bias[e], (16,)))
+    for e in range(3):  # each head written out by hand from its own weights
+        h = torch.relu(torch.nn.functional.layer_norm(x @ critic.w1[:, e] + critic.b1[e], (16,)))
         h = torch.relu(torch.nn.functional.layer_norm(h @ critic.l2.weight[e] + critic.l2.bias[e], (16,)))
-        torch.testing.assert_close(q[e], (h @ critic.l3.weight[e] + critic.l3.bias[e]).squeeze(-1))
+        torch.testing.assert_close(q[e], h @ critic.w3[e, 0] + critic.b3[e])
+    # a subset of heads (the TD target's pair) is those heads' rows
+    torch.testing.assert_close(critic(s, a, torch.tensor([2, 0])), q[[2, 0]])
 
 
 def _anchor_setup(**overrides):
     """A learner and an anchor buffer whose actions are the base shifted by (0.3, -0.2)."""
-    cfg = LearnerConfig(**{"batch_size": 64, "hidden": 32, "critic_warmup_updates": 0, "policy_delay": 1,
-                           "anchor_ratio": 1.0, "anchor_weight": 10.0, "actor_lr": 1e-3,
-                           "residual_scale": 0.5, **overrides})
+    cfg = LearnerConfig(**{"batch_size": 64, "hidden": 32, "critic_hidden": 32, "critic_warmup_updates": 0,
+                           "policy_delay": 1, "anchor_ratio": 1.0, "anchor_weight": 10.0, "actor_lr": 1e-3,
+                           "residual_scale": 0.5, "q_weight": 0.0, "q_filter": False, **overrides})
     learner = ResidualLearner(cfg, D, M, seed=0)
     anchor = ReplayBuffer(512, D, M)
     rng = np.random.default_rng(0)
     for _ in range(256):
         s, b = rng.normal(size=D), rng.uniform(-0.5, 0.5, M)
         anchor.add({"state": s, "base": b, "action": b + np.array([0.3, -0.2]), "ret": 0.0,
-                    "next_state": s, "next_base": b, "discount": 0.0})
+                    "next_state": s, "next_base": b, "discount": 0.0, "source": DEMO})
     data = {k: torch.from_numpy(v[:256]) for k, v in anchor.data.items()}
 
     def gap():
@@ -126,7 +146,8 @@ def test_anchor_pretraining_clones_anchor_actions_and_syncs_the_target():
 
 
 def test_critic_warmup_keeps_the_actor_still():
-    cfg = LearnerConfig(batch_size=16, hidden=16, critic_warmup_updates=20, policy_delay=1, q_weight=1.0)
+    cfg = LearnerConfig(batch_size=16, hidden=16, critic_hidden=16, critic_warmup_updates=20, policy_delay=1,
+                        q_weight=1.0, buffer_size=64)
     learner = ResidualLearner(cfg, D, M)
     buf = ReplayBuffer(64, D, M)
     for i in range(32):
@@ -169,3 +190,136 @@ def test_takeover_intervener_acts_from_its_step_to_the_end():
     for bad in ({"mode": "sometimes"}, {"patience": 0}, {"threshold": -0.1}):
         with pytest.raises(ValueError, match=f"intervention.{next(iter(bad))}"):
             Intervention(_expert, InterventionSpec(**bad))
+
+
+# -- the critic recovers a known Q, and the actor climbs it (toy MDP) ----------------------
+C = np.array([0.3, -0.2], np.float32)  # the best executed action at s1
+
+
+def _q1(a):
+    """Reward (and Q) at the last step: 1 - ||a - C||^2 / 4, in [0, 1] for a in [-1, 1]^2."""
+    return 1.0 - ((a - C) ** 2).sum(-1) / 4.0
+
+
+def _toy_mdp(gamma=0.9):
+    """Two steps. s0 -> s1 with reward 0 whatever a0; s1 terminal with reward _q1(a1).
+    States: a random context (D-1,) + a phase flag. Base action b1 = 0 at s1.
+    With the residual held at zero, Q(s1, a) = _q1(a) and Q(s0, a) = gamma * _q1(0)."""
+    rng = np.random.default_rng(1)
+    buf = ReplayBuffer(4096, D, M)
+    for _ in range(2048):
+        ctx = rng.normal(size=D - 1)
+        s0, s1 = np.append(ctx, 0.0), np.append(ctx, 1.0)
+        a0, a1 = rng.uniform(-1, 1, M), rng.uniform(-1, 1, M)
+        buf.add({"state": s0, "base": np.zeros(M), "action": a0, "ret": 0.0, "next_state": s1,
+                 "next_base": np.zeros(M), "discount": gamma})
+        buf.add({"state": s1, "base": np.zeros(M), "action": a1, "ret": _q1(a1), "next_state": s1,
+                 "next_base": np.zeros(M), "discount": 0.0})
+    return buf
+
+
+def _toy_learner(**overrides):
+    cfg = LearnerConfig(**{"batch_size": 128, "hidden": 64, "critic_hidden": 64, "critic_heads": 2,
+                           "critic_subset": 2, "gamma": 0.9, "target_noise": 0.0, "tau": 0.05,
+                           "critic_lr": 1e-3, "critic_warmup_updates": 10**9, "anchor_ratio": 0.0,
+                           **overrides})
+    return ResidualLearner(cfg, D, M, seed=0)
+
+
+def test_critic_recovers_the_known_q_of_a_toy_mdp():
+    buf, empty = _toy_mdp(), ReplayBuffer(8, D, M)
+    learner = _toy_learner()
+    for _ in range(1500):
+        learner.update(buf, empty)
+    rng = np.random.default_rng(7)
+    ctx = rng.normal(size=(200, D - 1)).astype(np.float32)
+    a = rng.uniform(-1, 1, (200, M)).astype(np.float32)
+    q1 = learner.q_value(np.c_[ctx, np.ones(200)], a)
+    q0 = learner.q_value(np.c_[ctx, np.zeros(200)], a)
+    assert np.abs(q1 - _q1(a)).mean() < 0.05  # immediate reward, action-dependent
+    assert np.abs(q0 - 0.9 * _q1(np.zeros(M))).mean() < 0.05  # bootstrapped through pi = 0
+
+
+def test_actor_q_gradient_moves_the_residual_uphill():
+    """Sign and scale of the policy gradient: with the Q term alone, the executed action at
+    s1 moves to the critic's argmax C, and Q(s, pi(s)) rises."""
+    buf, empty = _toy_mdp(), ReplayBuffer(8, D, M)
+    learner = _toy_learner(critic_warmup_updates=1500, actor_lr=1e-3, q_weight=1.0, anchor_weight=0.0,
+                           q_filter=False, residual_scale=1.0, policy_delay=1, actor_update="dpg")
+    ctx = np.random.default_rng(3).normal(size=(100, D - 1)).astype(np.float32)
+    s1 = torch.from_numpy(np.c_[ctx, np.ones(100)].astype(np.float32))
+
+    def gap():
+        with torch.no_grad():
+            return (compose_action(torch.zeros(100, M), learner.actor(s1), 1.0) - torch.from_numpy(C)).norm(dim=-1).mean().item()
+
+    for _ in range(1500):
+        learner.update(buf, empty)
+    before = gap()
+    assert before == pytest.approx(float(np.linalg.norm(C)), abs=1e-5)  # residual still zero
+    for _ in range(600):
+        learner.update(buf, empty)
+    assert gap() < 0.3 * before
+
+
+def test_q_filter_keeps_bc_only_where_the_anchor_is_better():
+    """Anchor actions at s1 are worse than zero (far from C): the filter drops their BC pull."""
+    buf = _toy_mdp()
+    anchor = ReplayBuffer(4096, D, M)
+    rng = np.random.default_rng(5)
+    for _ in range(512):
+        s1 = np.append(rng.normal(size=D - 1), 1.0)
+        bad = np.array([-0.9, 0.9])
+        anchor.add({"state": s1, "base": np.zeros(M), "action": bad, "ret": _q1(bad), "next_state": s1,
+                    "next_base": np.zeros(M), "discount": 0.0, "source": DEMO})
+    learner = _toy_learner(critic_warmup_updates=1500, anchor_ratio=0.5, q_weight=1.0, anchor_weight=1.0,
+                           q_filter=True, policy_delay=1, actor_update="dpg")
+    for _ in range(1500):
+        learner.update(buf, anchor)
+    stats = learner.update(buf, anchor)
+    assert stats["anchor_kept"] < 0.05
+
+
+def test_select_update_and_value_gating_follow_the_critic():
+    """actor_update=select: the actor regresses onto the critic's best nearby candidate, so
+    the executed action at s1 walks to C; value gating picks a candidate at least as good as
+    pi's; with q_weight = 0 the same update is plain BC on anchor rows."""
+    buf, empty = _toy_mdp(), ReplayBuffer(8, D, M)
+    learner = _toy_learner(critic_warmup_updates=1500, actor_lr=1e-3, residual_scale=1.0, policy_delay=1,
+                           actor_update="select", gate_candidates=8, gate_std=0.3, exploration_std=0.0)
+    ctx = np.random.default_rng(3).normal(size=(100, D - 1)).astype(np.float32)
+    s1 = np.c_[ctx, np.ones(100)].astype(np.float32)
+
+    def gap():
+        with torch.no_grad():
+            return (learner.actor(torch.from_numpy(s1)) - torch.from_numpy(C)).norm(dim=-1).mean().item()
+
+    for _ in range(1500):
+        learner.update(buf, empty)
+    before = gap()
+    for _ in range(600):
+        learner.update(buf, empty)
+    assert gap() < 0.3 * before
+    # gating: the executed action's Q is never below the actor's own (pi is a candidate)
+    learner2 = _toy_learner(gate_candidates=16, gate_std=0.5, exploration_std=0.0, residual_scale=1.0)
+    for _ in range(1500):
+        learner2.update(buf, empty)  # critic only: the actor stays at zero residual
+    learner2.cfg.critic_warmup_updates = 0  # gating acts once the warm-up is over
+    gated = np.stack([learner2.act(s, np.zeros(M, np.float32), explore=False) for s in s1[:50]])
+    q_gated = learner2.q_value(s1[:50], gated)
+    q_pi = learner2.q_value(s1[:50], np.zeros((50, M), np.float32))
+    assert np.all(q_gated >= q_pi - 1e-6)
+    # ... and lands nearer the true optimum C than the base action (0) does
+    assert np.linalg.norm(gated - C, axis=-1).mean() < 0.7 * np.linalg.norm(C)
+
+
+def test_divergence_stops_with_a_clear_error():
+    cfg = LearnerConfig(batch_size=8, hidden=8, critic_hidden=8, buffer_size=64)
+    learner = ResidualLearner(cfg, D, M)
+    buf = ReplayBuffer(64, D, M)
+    for _ in range(16):
+        buf.add({"state": np.full(D, 1e30), "base": np.zeros(M), "action": np.zeros(M), "ret": 0.0,
+                 "next_state": np.zeros(D), "next_base": np.zeros(M), "discount": 0.0})
+    with pytest.raises(LearnerDiverged, match="critic diverged"):
+        for _ in range(5):
+            learner.update(buf, ReplayBuffer(8, D, M))

@@ -32,6 +32,44 @@ def reading(cells: list[dict]) -> str:
     return "\n".join(lines) + "\n\n"
 
 
+def trace_table(env_name: str, env, policy, delays: list[int], episodes: int, seed: int,
+                execute_horizon: int) -> tuple[list[dict], str]:
+    """Traced async-naive episodes per delay (see ``arli.bench.trace``) and their reading."""
+    from arli.bench.trace import object_height_index, summarize, trace_episodes  # noqa: PLC0415
+    from sim_envs.experts import EXPERTS  # noqa: PLC0415
+
+    if env_name not in EXPERTS:
+        return [], ""
+    rows = []
+    for d in delays:
+        tracer = trace_episodes(env, policy, EXPERTS[env_name], d, episodes, seed, execute_horizon,
+                                object_height_index(env))
+        rows.append({"delay_steps": d, **summarize(tracer)})
+    md = ["## Why it fails: traced episodes (async naive)\n",
+          f"{episodes} episodes per delay. *expert gap*: max-over-dims |executed - expert action in the same "
+          "state|; *jump*: max |change of the hand command| between consecutive steps, at chunk switches and "
+          "inside chunks; *obs age*: steps since the executing chunk's observation; *hand moved*: how far the "
+          "hand travelled since that observation; *never grasped*: failed episodes whose object never rose 1 cm.\n",
+          "| d | success | expert gap | jump at switch | jump inside | obs age | hand moved (mm) | failed: never grasped |",
+          "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        never = r.get("failed_never_grasped")
+        md.append(f"| {r['delay_steps']} | {r['success']:.2f} | {r['expert_gap']:.2f} | {r['switch_jump']:.2f} | "
+                  f"{r['inner_jump']:.2f} | {r['obs_age']:.1f} | {r['hand_moved_mm']:.1f} | "
+                  + ("—" if never is None else f"{never:.2f}") + " |")
+    zero, worst = rows[0], rows[-1]
+    md.append("")
+    md.append(f"* From d = {zero['delay_steps']} to d = {worst['delay_steps']}: the executing chunk's observation "
+              f"is {worst['obs_age'] - zero['obs_age']:+.1f} steps older and the hand has moved "
+              f"{worst['hand_moved_mm'] - zero['hand_moved_mm']:+.1f} mm more since it was taken; the executed "
+              f"action departs from the expert's by {worst['expert_gap']:.2f} (vs {zero['expert_gap']:.2f}); the "
+              f"command jumps {worst['switch_jump']:.2f} at switches (vs {worst['inner_jump']:.2f} inside chunks).")
+    if worst.get("failed_never_grasped") is not None:
+        md.append(f"* At d = {worst['delay_steps']}, {worst['failed_never_grasped']:.0%} of the failed episodes never "
+                  "grasped the object; the rest grasped it and failed to place it (the precision phase).")
+    return rows, "\n".join(md) + "\n\n"
+
+
 def describe(policy) -> str:
     cfg = getattr(policy, "cfg", None)
     if cfg is None:
@@ -60,20 +98,22 @@ def main(cfg: BenchBaseConfig) -> int:
     latencies = [FixedLatency(d * cfg.env.dt) for d in cfg.delay_steps]
     cells, skipped = sweep(env, policy, list(cfg.strategies), latencies, cfg.episodes, cfg.seed,
                            cfg.execute_horizon, cfg.blend_steps, "bench base")
-    payload = {"env": cfg.env.name, "cells": cells}
+    traces, trace_md = trace_table(cfg.env.name, env, policy, sorted({0, *cfg.delay_steps}),
+                                   cfg.trace_episodes, cfg.seed, cfg.execute_horizon) if cfg.trace_episodes else ([], "")
+    payload = {"env": cfg.env.name, "cells": cells, "traces": traces}
     os.makedirs(cfg.report_dir, exist_ok=True)
-    plot(cells, os.path.join(cfg.report_dir, "base.png"),
+    plot(cells, os.path.join(cfg.report_dir, f"base_{cfg.env.name}.png"),
          f"base flow policy on {cfg.env.name} ({cfg.episodes} episodes/cell)")
     md = (
         f"# Base policy under inference latency — `{cfg.env.name}`\n\n"
         f"Command: `arli bench base env={cfg.env.name} episodes={cfg.episodes}`\n\n"
         f"Policy: `{cfg.checkpoint}` ({describe(policy)}). Same evaluation seeds in every cell "
         f"({cfg.seed} ..), {cfg.episodes} episodes per cell; latency simulated in sim time.\n\n"
-        + cells_markdown(cells) + "\n![success vs delay](base.png)\n\n"
-        + reading(cells) + (f"Skipped: {skipped}\n\n" if skipped else "")
+        + cells_markdown(cells) + f"\n![success vs delay](base_{cfg.env.name}.png)\n\n"
+        + reading(cells) + trace_md + (f"Skipped: {skipped}\n\n" if skipped else "")
         + f"Machine: {machine_info()}\n"
     )
-    write_report(cfg.report_dir, "base", payload, md)
+    write_report(cfg.report_dir, f"base_{cfg.env.name}", payload, md)
     print(md)
     print_last_line_json(payload)
     return 0

@@ -1,9 +1,11 @@
 """``arli bench latency-sweep``: the method's claims, measured.
 
 Success (mean ± std over seeds, ``eval_episodes`` per seed) of the base policy (sync, async
-naive, async rtc) and of residual RL with each state variant, at every delay, plus the
-idealised reference (``standard`` at zero delay) and environment steps to 80% success.
-Every variant uses the same evaluation code, seeds, episode count and step budget.
+naive, async rtc) and of residual RL with each state variant of DESIGN.md §2 at every delay,
+the zero-delay references (``standard_d0``, ``stepwise_d0``), two controls at d = 4 on the
+same anchor data (``bc_control``: the same learner with the critic's influence off;
+``anchor_only``: the anchor-pretrained start, no online step) and environment steps to 80%.
+Every variant uses the same evaluation code, seeds, episode count, regime and step budget.
 Cells run in worker processes and are cached as they finish (``cache``), so an interrupted
 sweep resumes where it stopped.
 """
@@ -24,7 +26,11 @@ from arli.commands.pretrain import ensure_base_policy
 from arli.config import SWEEP_VARIANTS, LatencySweepConfig
 
 BASE_VARIANTS = {"base_sync": "sync", "base_naive": "naive", "base_rtc": "rtc"}
-RL_VARIANTS = ("standard", "arli", "arli_no_committed", "arli_no_midobs")
+# sweep variant -> (state variant, fixed delay or None = every delay of the sweep)
+RL_VARIANTS = {"arli": ("arli", None), "arli_no_committed": ("arli_no_committed", None),
+               "arli_no_midobs": ("arli_no_midobs", None), "standard": ("standard", None),
+               "standard_d0": ("standard", 0), "stepwise_d0": ("stepwise", 0),
+               "bc_control": ("arli", 4), "anchor_only": ("arli", 4)}
 IDEAL = "standard_d0"
 
 
@@ -60,14 +66,17 @@ def run_cell(cfg_dict: dict, variant: str, delay: int, seed: int) -> dict:
     run = dict(cfg_dict["run"])
     spec = RunSpec(**{**run, "learner": LearnerConfig(**run.pop("learner")),
                       "intervention": InterventionSpec(**run.pop("intervention"))})
-    spec = replace(spec, variant="standard" if variant == IDEAL else variant, seed=seed,
+    spec = replace(spec, variant=RL_VARIANTS[variant][0], seed=seed, regime=cfg_dict["regime"],
                    env_steps=cfg_dict["budget"], eval_every=max(1, cfg_dict["budget"] // 4))
+    if variant == "bc_control":  # the same learner, the critic steers nothing
+        spec = replace(spec, learner=replace(spec.learner, q_weight=0.0, q_filter=False))
     model = getattr(base, "model", None)
     ft = Finetuner(spec, env, base, EXPERTS[name], latency,
                    None if model is None else model.state_mean.numpy(),
                    None if model is None else model.state_std.numpy())
     ft.prepare()
-    ft.train(progress=False)
+    if variant != "anchor_only":
+        ft.train(progress=False)
     success = ft.evaluate(episodes, seed=eval_seed(seed))["success"]
     reached = next((h["env_steps"] for h in ft.history if h["success"] >= 0.8), None)
     return {**cell, "success": success, "steps_to_80": reached, "curve": ft.history}
@@ -81,10 +90,14 @@ def plan(cfg: LatencySweepConfig) -> list[tuple[str, int, int]]:
         for variant in cfg.variants:
             if variant == IDEAL and _ideal_is_standard_d0(cfg):
                 continue  # the same runs as `standard` at d = 0: not computed twice
-            delays = [0] if variant == IDEAL else cfg.delay_steps
-            cells += [(variant, d, seed) for d in delays]
+            cells += [(variant, d, seed) for d in variant_delays(variant, cfg)]
     order = {4: 0, 0: 1}
     return sorted(cells, key=lambda c: (order.get(c[1], 2), c[1], c[2]))
+
+
+def variant_delays(variant: str, cfg: LatencySweepConfig) -> list[int]:
+    fixed = RL_VARIANTS.get(variant, (None, None))[1]
+    return list(cfg.delay_steps) if fixed is None else [fixed]
 
 
 def _ideal_is_standard_d0(cfg: LatencySweepConfig) -> bool:
@@ -95,11 +108,11 @@ def fingerprint(cfg_dict: dict, variant: str) -> str:
     """Hash of every setting a cell's result depends on: a changed learner recipe, base
     checkpoint, budget or evaluation invalidates the cached cells it affects (and only those:
     base-policy cells ignore the residual learner's settings)."""
-    keys = {"env": cfg_dict["env"], "checkpoint": cfg_dict["checkpoint"],
+    keys = {"env": cfg_dict["env"], "checkpoint": cfg_dict["checkpoint_digest"], "code": cfg_dict["code"],
             "eval_episodes": cfg_dict["eval_episodes"], "chunk_size": cfg_dict["chunk_size"],
             "execute_horizon": cfg_dict["run"]["execute_horizon"]}
     if variant not in BASE_VARIANTS:
-        keys.update(run=cfg_dict["run"], budget=cfg_dict["budget"])
+        keys.update(run=cfg_dict["run"], budget=cfg_dict["budget"], regime=cfg_dict["regime"])
     return hashlib.sha1(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -121,7 +134,7 @@ def aggregate(rows: list[dict], cfg: LatencySweepConfig) -> list[dict]:
         rows += [{**r, "variant": IDEAL} for r in rows if r["variant"] == "standard" and r["delay_steps"] == 0]
     out = []
     for variant in cfg.variants:
-        for d in ([0] if variant == IDEAL else cfg.delay_steps):
+        for d in variant_delays(variant, cfg):
             group = [r for r in rows if r["variant"] == variant and r["delay_steps"] == d]
             if not group:
                 continue
@@ -136,18 +149,35 @@ def aggregate(rows: list[dict], cfg: LatencySweepConfig) -> list[dict]:
     return out
 
 
-def verdict(cells: list[dict], budget: int) -> str:
+def verdicts(cells: list[dict]) -> list[dict]:
+    """The paper's expected results (issue 8), each computed from the cell means."""
     by = {(c["variant"], c["delay_steps"]): c["success_mean"] for c in cells}
-    arli, std4, ideal = by.get(("arli", 4)), by.get(("standard", 4)), by.get((IDEAL, 0))
-    if None in (arli, std4, ideal):
-        return "Expected result not evaluated (needs arli and standard at d = 4 and standard_d0).\n"
-    checks = [(arli >= 0.9, f"ARLI at d = 4 reaches {arli:.2f} (target >= 0.90)"),
-              (arli >= ideal - 0.05, f"ARLI at d = 4 vs standard at zero delay {ideal:.2f} "
-                                     f"(target: within 5 points or above; gap {ideal - arli:+.2f})"),
-              (arli - std4 >= 0.1, f"standard at d = 4 reaches {std4:.2f}, {arli - std4:+.2f} vs ARLI "
-                                   "(target: clearly below ARLI)")]
-    lines = [f"* {'met' if ok else 'NOT met'}: {text}" for ok, text in checks]
-    return (f"Expected result at budget {budget} env steps per run:\n\n" + "\n".join(lines) + "\n")
+    arli = by.get(("arli", 4))
+    rules = [
+        ("arli@4 >= 0.90", [("arli", 4)], lambda: arli >= 0.9),
+        ("arli@4 >= standard@0 - 0.05", [("arli", 4), (IDEAL, 0)], lambda: arli >= by[(IDEAL, 0)] - 0.05),
+        ("standard@4 <= arli@4 - 0.20", [("arli", 4), ("standard", 4)], lambda: by[("standard", 4)] <= arli - 0.2),
+        ("arli_no_committed@4 < arli@4", [("arli", 4), ("arli_no_committed", 4)],
+         lambda: by[("arli_no_committed", 4)] < arli),
+        ("arli_no_midobs@4 < arli@4", [("arli", 4), ("arli_no_midobs", 4)], lambda: by[("arli_no_midobs", 4)] < arli),
+        ("arli@4 >= bc_control@4 + 0.10", [("arli", 4), ("bc_control", 4)], lambda: arli >= by[("bc_control", 4)] + 0.1),
+        ("arli@4 > anchor_only@4", [("arli", 4), ("anchor_only", 4)], lambda: arli > by[("anchor_only", 4)]),
+    ]
+    out = []
+    for text, needs, check in rules:
+        values = {f"{v}@{d}": by.get((v, d)) for v, d in needs}
+        held = None if None in values.values() else bool(check())
+        out.append({"claim": text, "holds": held, "values": values})
+    return out
+
+
+def verdict_markdown(checks: list[dict], budget: int) -> str:
+    lines = []
+    for c in checks:
+        status = {True: "holds", False: "does NOT hold", None: "not evaluated"}[c["holds"]]
+        values = ", ".join(f"{k} = {v:.2f}" if v is not None else f"{k} missing" for k, v in c["values"].items())
+        lines.append(f"* `{c['claim']}`: **{status}** ({values})")
+    return f"Expected results (from the paper), at budget {budget} env steps per run:\n\n" + "\n".join(lines) + "\n"
 
 
 def plot(cells: list[dict], path: str, title: str) -> None:
@@ -156,17 +186,51 @@ def plot(cells: list[dict], path: str, title: str) -> None:
         for variant in dict.fromkeys(c["variant"] for c in cells):
             pts = sorted((c["delay_steps"], c["success_mean"], c["success_std"]) for c in cells
                          if c["variant"] == variant)
-            if variant == IDEAL:
-                ax.axhline(pts[0][1], color="k", ls=":", label="standard @ d=0 (ideal)")
+            if len(pts) == 1:  # a zero-delay reference or a d = 4 control: one marker
+                ax.errorbar([pts[0][0]], [pts[0][1]], yerr=[pts[0][2]], marker="s", ls="none", capsize=3,
+                            label=variant)
                 continue
             x, y, e = zip(*pts)
             ax.errorbar(x, y, yerr=e, marker="o", ls="--" if variant.startswith("base") else "-",
                         capsize=3, label=variant)
 
 
+def checkpoint_digest(path: str) -> str:
+    """Content hash of a checkpoint directory (not its path: a re-trained base invalidates)."""
+    h = hashlib.sha1()
+    for root, _, files in sorted(os.walk(path)):
+        for name in sorted(files):
+            h.update(name.encode())
+            with open(os.path.join(root, name), "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest()[:12]
+
+
+REPORT_ONLY_SOURCES = ("arli/cli.py", "arli/commands/", "arli/bench/")  # cannot change a cell's result
+
+
+def code_version() -> str:
+    """Hash of the sources a cell's result depends on: arli/ and sim_envs/, minus the CLI and
+    the other benchmarks' report code (this module's ``run_cell`` is included)."""
+    h = hashlib.sha1()
+    top = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for pkg in ("arli", "sim_envs"):
+        for root, _, files in sorted(os.walk(os.path.join(top, pkg))):
+            for name in sorted(f for f in files if f.endswith(".py")):
+                rel = os.path.relpath(os.path.join(root, name), top).replace(os.sep, "/")
+                if rel.startswith(REPORT_ONLY_SOURCES) and rel != "arli/bench/latency_sweep.py":
+                    continue
+                with open(os.path.join(root, name), "rb") as fh:
+                    h.update(rel.encode() + fh.read())
+    return h.hexdigest()[:12]
+
+
 def main(cfg: LatencySweepConfig) -> int:
     ensure_base_policy(cfg.checkpoint, cfg.pretrain, cfg.env)
     cfg_dict = {"env": asdict(cfg.env), "checkpoint": cfg.checkpoint, "eval_episodes": cfg.eval_episodes,
+                "checkpoint_digest": checkpoint_digest(cfg.checkpoint), "code": code_version(),
+                "regime": cfg.run.regime,
                 "budget": cfg.budget, "run": asdict(cfg.run), "chunk_size": cfg.pretrain.policy.chunk_size,
                 "threads_per_worker": max(1, (os.cpu_count() or 2) // cfg.workers)}
     os.makedirs(os.path.dirname(cfg.cache) or ".", exist_ok=True)
@@ -186,7 +250,9 @@ def main(cfg: LatencySweepConfig) -> int:
                            f"success {row['success']:.2f}")
     missing = [c for c in plan(cfg) if c not in done]
     cells = aggregate([done[c] for c in plan(cfg) if c in done], cfg)
-    payload = {"env": cfg.env.name, "budget": cfg.budget, "cells": cells}
+    checks = verdicts(cells)
+    payload = {"env": cfg.env.name, "regime": cfg.run.regime, "budget": cfg.budget, "cells": cells,
+               "verdicts": checks}
     os.makedirs(cfg.report_dir, exist_ok=True)
     plot(cells, os.path.join(cfg.report_dir, "latency_sweep.png"),
          f"{cfg.env.name}: success vs delay (budget {cfg.budget} steps, {len(cfg.seeds)} seeds)")
@@ -242,5 +308,5 @@ def markdown(cells: list[dict], cfg: LatencySweepConfig) -> str:
         "switching for the residual variants. `standard_d0` is the idealised reference (zero "
         "delay; the same runs as `standard` at d = 0), shown in the d = 0 column. `—`: cell not "
         "run. Steps to 80%: the evaluated env step at which every seed reached 80%.\n\n" + head + "\n".join(rows) + "\n\n![latency sweep](latency_sweep.png)\n\n"
-        + verdict(cells, cfg.budget) + f"\nMachine: {machine_info()}\n"
+        + verdict_markdown(verdicts(cells), cfg.budget) + f"\nMachine: {machine_info()}\n"
     )

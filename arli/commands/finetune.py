@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from arli.bench.common import success_plot
 from arli.commands.pretrain import ensure_base_policy
-from arli.config import FinetuneConfig
+from arli.config import ConfigError, FinetuneConfig
 from arli.latency import FixedLatency, latency_from_config, to_delay_steps
 from sim_envs import make_env, task_name
 from sim_envs.experts import EXPERTS
@@ -23,10 +23,14 @@ def steps_to(history: list[dict], level: float) -> int | None:
     return next((h["env_steps"] for h in history if h["success"] >= level), None)
 
 
-def plot_curve(history: list[dict], base: float, path: str, title: str) -> None:
-    with success_plot(path, title, "environment steps") as ax:
-        ax.plot([0] + [h["env_steps"] for h in history], [base] + [h["success"] for h in history],
-                marker="o", label="base + residual (eval)")
+def plot_curve(history: list[dict], base: float, path: str, title: str, start: float | None = None) -> None:
+    """Evaluation success vs online env steps; ``start`` = the anchor-pretrained residual at
+    step 0 (the RL run's own starting point), ``base`` = the base policy alone."""
+    steps, success = [h["env_steps"] for h in history], [h["success"] for h in history]
+    if start is not None:
+        steps, success = [0] + steps, [start] + success
+    with success_plot(path, title, "online environment steps") as ax:
+        ax.plot(steps, success, marker="o", label="base + residual (eval)")
         ax.axhline(base, color="gray", ls="--", label="base policy")
 
 
@@ -38,8 +42,9 @@ def main(cfg: FinetuneConfig) -> int:
 
     start = time.time()
     name = task_name(cfg.env.name)
-    if name not in EXPERTS and (cfg.anchor_episodes or cfg.intervention.prob):
-        raise ValueError(f"{name} has no scripted intervener; set anchor_episodes=0 intervention.prob=0")
+    if name not in EXPERTS and (cfg.anchor_episodes or cfg.regime == "hil"):
+        raise ConfigError(f"env.name: {name} has no scripted expert for demonstrations or interventions; "
+                          "set anchor_episodes=0 regime=rl")
     ensure_base_policy(cfg.checkpoint, cfg.pretrain, cfg.env)
     env = make_env(name, dt=cfg.env.dt, max_episode_steps=cfg.env.max_episode_steps)
     base = load_base_policy(cfg.checkpoint, env.unwrapped.instruction, name,
@@ -61,20 +66,27 @@ def main(cfg: FinetuneConfig) -> int:
         print(f"resumed {cfg.resume} at env step {ft.controller.env_steps}")
     else:
         prep = ft.prepare(progress=True)
-        print(f"anchor data: {prep['anchor_transitions']} transitions from {cfg.anchor_episodes} intervener "
+        print(f"anchor data: {prep['anchor_transitions']} transitions from {cfg.anchor_episodes} demonstration "
               f"episodes; anchor pretraining loss {prep['pretrain_loss']:.4f}")
+    anchor_eval = None
+    if not cfg.resume:  # the RL run's starting point: anchor-pretrained residual, no online step
+        print(f"evaluating the anchor-pretrained start ({cfg.final_eval_episodes} episodes)")
+        anchor_eval = ft.evaluate(cfg.final_eval_episodes)
     print(f"evaluating the base policy ({cfg.final_eval_episodes} episodes, async {cfg.strategy}, d={delay})")
     base_eval = ft.evaluate(cfg.final_eval_episodes, residual=False)
     writer = SummaryWriter(os.path.join(run_dir, "tb"))
-    ft.train(writer=writer)
+    ft.train(writer=writer, checkpoint_dir=os.path.join(run_dir, "checkpoint"))
     ft.save(os.path.join(run_dir, "checkpoint"))
     final = ft.evaluate(cfg.final_eval_episodes)
     writer.add_scalar("eval/final_success", final["success"], ft.controller.env_steps)
     writer.close()
+    start_success = anchor_eval["success"] if anchor_eval else None
     plot_curve(ft.history, base_eval["success"], os.path.join(run_dir, "learning_curve.png"),
-               f"ARLI ({cfg.variant}) on {name}, async {cfg.strategy}, d={delay}")
+               f"{cfg.variant} residual ({cfg.regime}) on {name}, async {cfg.strategy}, d={delay}",
+               start_success)
     summary = {
-        "env": name, "variant": cfg.variant, "strategy": cfg.strategy, "delay_steps": delay,
+        "env": name, "variant": cfg.variant, "regime": cfg.regime, "strategy": cfg.strategy,
+        "delay_steps": delay, "anchor_only_success": start_success,
         "env_steps": ft.controller.env_steps, "updates": ft.learner.updates,
         # anchor replay = anchor episodes + online intervention steps
         "anchor_transitions": len(ft.anchor), "intervened_steps": ft.controller.intervened_steps,
@@ -87,7 +99,11 @@ def main(cfg: FinetuneConfig) -> int:
     print(f"\n| policy (async {cfg.strategy}, delay_steps={delay}) | success ({cfg.final_eval_episodes} episodes) |")
     print("|---|---:|")
     print(f"| base | {base_eval['success']:.2f} |")
-    print(f"| base + ARLI residual ({cfg.variant}, {ft.controller.env_steps} env steps, "
-          f"{ft.controller.intervened_steps} of them by the intervener) | {final['success']:.2f} |")
+    if start_success is not None:
+        print(f"| base + anchor-pretrained residual (0 online steps) | {start_success:.2f} |")
+    by_intervener = (f", {ft.controller.intervened_steps} of them by the intervener"
+                     if cfg.regime == "hil" else "")
+    print(f"| base + {cfg.variant} residual after RL ({ft.controller.env_steps} env steps{by_intervener}) "
+          f"| {final['success']:.2f} |")
     print(f"\nwrote {run_dir}/ (checkpoint/, tb/, learning_curve.png, summary.json) in {summary['wall_s']:.0f} s")
     return 0

@@ -48,22 +48,51 @@ class EnsembleLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(heads, fan_in, fan_out).uniform_(-bound, bound))
         self.bias = nn.Parameter(torch.empty(heads, 1, fan_out).uniform_(-bound, bound))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.baddbmm(self.bias, x, self.weight)
+    def forward(self, x: torch.Tensor, heads: torch.Tensor | None = None) -> torch.Tensor:
+        """``heads`` (k,): evaluate only these heads; x is then (k, B, i)."""
+        if heads is None:
+            return torch.baddbmm(self.bias, x, self.weight)
+        return torch.baddbmm(self.bias[heads], x, self.weight[heads])
 
 
 class EnsembleCritic(nn.Module):
-    """Q(s, a) for E heads: s (B, D), a (B, m) -> (E, B)."""
+    """Q(s, a) for E heads: s (B, D), a (B, m) -> (E, B).
+
+    Every head sees the same input, so the first layer of all heads is one (D + m, E * h)
+    matmul; the second is a batched (E, h, h) matmul, the last a per-head dot product. On
+    a CPU this is several times faster than a loop over heads (``arli bench learner``).
+    """
 
     def __init__(self, state_dim: int, action_dim: int, heads: int = 4, hidden: int = 256):
         super().__init__()
-        self.heads = heads
-        self.l1 = EnsembleLinear(heads, state_dim + action_dim, hidden)
+        self.heads, self.hidden = heads, hidden
+        fan_in = state_dim + action_dim
+        bound = 1.0 / math.sqrt(fan_in)
+        self.w1 = nn.Parameter(torch.empty(fan_in, heads, hidden).uniform_(-bound, bound))
+        self.b1 = nn.Parameter(torch.empty(heads, hidden).uniform_(-bound, bound))
         self.l2 = EnsembleLinear(heads, hidden, hidden)
-        self.l3 = EnsembleLinear(heads, hidden, 1)
+        bound = 1.0 / math.sqrt(hidden)
+        self.w3 = nn.Parameter(torch.empty(heads, 1, hidden).uniform_(-bound, bound))
+        self.b3 = nn.Parameter(torch.empty(heads, 1).uniform_(-bound, bound))
 
-    def forward(self, state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        x = torch.cat([state, action], dim=-1).unsqueeze(0).expand(self.heads, -1, -1)
-        h = torch.relu(nn.functional.layer_norm(self.l1(x), (self.l1.weight.shape[-1],)))
-        h = torch.relu(nn.functional.layer_norm(self.l2(h), (self.l2.weight.shape[-1],)))
-        return self.l3(h).squeeze(-1)
+    def head(self, e: int, state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """Head ``e`` alone, written plainly (the reference the batched path is tested against)."""
+        x = torch.cat([state, action], dim=-1)
+        h = torch.relu(nn.functional.layer_norm(x @ self.w1[:, e] + self.b1[e], (self.hidden,)))
+        h = torch.relu(nn.functional.layer_norm(h @ self.l2.weight[e] + self.l2.bias[e], (self.hidden,)))
+        return (h * self.w3[e]).sum(-1) + self.b3[e]
+
+    def forward(self, state: torch.Tensor, action: torch.Tensor,
+                heads: torch.Tensor | None = None) -> torch.Tensor:
+        """-> (E, B), or (k, B) for the head indices ``heads`` (k,) (the TD target's subset)."""
+        w1, b1, w3, b3 = self.w1, self.b1, self.w3, self.b3
+        if heads is not None:
+            w1, b1, w3, b3 = w1[:, heads], b1[heads], w3[heads], b3[heads]
+        k = w1.shape[1]
+        x = torch.cat([state, action], dim=-1)
+        h = torch.addmm(b1.reshape(-1), x, w1.reshape(x.shape[-1], -1))  # (B, k * h)
+        h = h.view(-1, k, self.hidden).transpose(0, 1).contiguous()  # (k, B, h); contiguous keeps
+        # the elementwise ops (and their backward) on the fast path
+        h = torch.relu(nn.functional.layer_norm(h, (self.hidden,)))
+        h = torch.relu(nn.functional.layer_norm(self.l2(h, heads), (self.hidden,)))
+        return (h * w3).sum(-1) + b3  # (k, B)

@@ -12,10 +12,11 @@ import numpy as np
 from arli.augment import StateBuilder
 from arli.rl.config import InterventionSpec
 from arli.rl.learner import ResidualLearner
-from arli.rl.replay import NStepAccumulator, ReplayBuffer
+from arli.rl.replay import INTERVENTION, ONLINE, NStepAccumulator, ReplayBuffer
 from arli.rollout import StepController
 from arli.types import StepInfo
 
+DIAGNOSTICS_EVERY = 250  # updates between measured ones (TD error per source, grad norms)
 Expert = Callable[[np.ndarray], np.ndarray]
 
 
@@ -60,68 +61,86 @@ class Intervention:
 
 
 class ResidualController(StepController):
-    """Acts ``a = clip(b + scale * r(s))`` on ARLI states; optionally learns while acting.
+    """Acts ``a = clip(b + scale * r(s))`` on residual states; optionally learns while acting.
 
-    train=False: deterministic residual, nothing stored (evaluation).
+    train=False: deterministic residual, nothing stored (evaluation); ``trace`` then keeps
+    every step's (state, executed action, reward) for Q-vs-return diagnostics.
+    ``source``: who the stored rows are credited to when the intervener acts (DEMO while
+    collecting demonstrations, INTERVENTION online).
     """
 
     def __init__(self, learner: ResidualLearner, builder: StateBuilder, online: ReplayBuffer | None = None,
                  anchor: ReplayBuffer | None = None, train: bool = False,
                  intervention: Intervention | None = None, rng: np.random.Generator | None = None,
-                 learn_after: int = 1000):
+                 learn_after: int = 1000, trace: bool = False):
         self.learner, self.builder = learner, builder
         self.online, self.anchor, self.train = online, anchor, train
         self.intervention = intervention
         self.rng = rng or np.random.default_rng(0)
         self.learn_after = learn_after
         self.acc = NStepAccumulator(learner.cfg.n_step, learner.cfg.gamma)
+        self.source = INTERVENTION
         self.env_steps = 0
         self.intervened_steps = 0
+        self.takeovers = 0
         self.last_stats: dict[str, float] = {}
-        self._pending: tuple | None = None
-        self.begin_episode()
+        self.trace: list[list[tuple]] | None = [] if trace else None
+        self._pending: list | None = None
+        self.intervened_episode = False
 
     def begin_episode(self) -> None:
-        """Call before every episode: clears the n-step window, draws whether the intervener
-        takes this one over."""
+        """Before every episode (``run_episode`` calls it): clears the n-step window, draws
+        whether the intervener watches this one."""
         self.acc.reset()
         self._pending = None
         self.intervened_episode = False
+        if self.trace is not None:
+            self.trace.append([])
         if self.intervention is not None:
             self.intervention.begin_episode(watching=bool(self.rng.random() < self.intervention.spec.prob))
 
+    def _may_intervene(self) -> bool:
+        cap = self.intervention.spec.max_steps if self.intervention is not None else 0
+        return self.intervention is not None and (cap == 0 or self.intervened_steps < cap)
+
     def act(self, t: int, obs: dict, info: StepInfo) -> np.ndarray:
         state = self.builder.build(obs["state"], info)
-        if self._pending is not None:
-            self._complete(state, info.base_action, terminated=False, truncated=False)
-        residual = self.learner.residual(state, explore=self.train)
-        action = self.learner.executed(info.base_action, residual)
-        takeover = self.intervention.decide(t, obs["state"], action) if self.intervention else None
-        intervening = takeover is not None
-        if intervening:
+        action = self.learner.act(state, info.base_action, explore=self.train)
+        takeover = self.intervention.decide(t, obs["state"], action) if self._may_intervene() else None
+        source = self.source if takeover is not None else ONLINE
+        if takeover is not None:
             action = takeover
             self.intervened_steps += 1
             self.intervened_episode = True
-        self._pending = [state, info.base_action.copy(), action, 0.0, "anchor" if intervening else "online"]
+        if self._pending is not None:
+            if source != ONLINE and self._pending[4] == ONLINE:  # the robot's step caused a takeover
+                self.takeovers += 1
+                self._pending[3] -= self.intervention.spec.takeover_penalty
+            self._complete(state, info.base_action, terminated=False)
+        self._pending = [state, info.base_action.copy(), action, 0.0, source]
         return action
 
     def after_step(self, t: int, reward: float, terminated: bool, truncated: bool) -> None:
-        self._pending[3] = reward
+        self._pending[3] += reward
+        if self.trace is not None:
+            self.trace[-1].append((self._pending[0], self._pending[2], reward))
         if self.train:
             self.env_steps += 1
             if len(self.online) + len(self.anchor) >= self.learn_after:
                 for _ in range(self.learner.cfg.utd):
-                    self.last_stats = self.learner.update(self.online, self.anchor)
+                    measure = self.learner.updates % DIAGNOSTICS_EVERY == 0
+                    self.last_stats.update(self.learner.update(self.online, self.anchor, diagnostics=measure))
 
     def end(self, obs: dict, info: StepInfo, terminated: bool, truncated: bool) -> None:
+        # the state carries the episode's progress, so the time limit is part of the MDP: a
+        # truncated episode has no value beyond its last step (no bootstrap through it)
         if self._pending is not None:
-            self._complete(self.builder.build(obs["state"], info), info.base_action, terminated, truncated)
+            self._complete(self.builder.build(obs["state"], info), info.base_action, terminated or truncated)
 
-    def _complete(self, next_state, next_base, terminated: bool, truncated: bool) -> None:
-        state, base, action, reward, tag = self._pending
+    def _complete(self, next_state, next_base, terminated: bool) -> None:
+        state, base, action, reward, source = self._pending
         self._pending = None
         if not self.train:
             return
-        for tr in self.acc.push(state, base, action, reward, next_state, next_base,
-                                terminated, truncated, tag):
-            (self.anchor if tr["tag"] == "anchor" else self.online).add(tr)
+        for tr in self.acc.push(state, base, action, reward, next_state, next_base, terminated, False, source):
+            (self.online if tr["source"] == ONLINE else self.anchor).add(tr)

@@ -6,52 +6,106 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+ACTOR_UPDATES = ("dpg", "select", "awr")
+
+
 @dataclass
 class LearnerConfig:
+    """Residual TD learner (``arli.rl.learner``). Defaults follow DESIGN.md §7 and were
+    measured on this repository's tasks (reports/learner.md)."""
+
     gamma: float = 0.99
     n_step: int = 3
     batch_size: int = 256
-    hidden: int = 256
-    critic_heads: int = 4  # ensemble size E
+    hidden: int = 128  # actor width
+    critic_hidden: int = 128
+    critic_heads: int = 4  # ensemble size E (one batched matmul per layer)
     critic_subset: int = 2  # heads in the min of the TD target (REDQ-style)
     critic_lr: float = 3e-4
-    actor_lr: float = 1e-4  # well below the critic's: the residual moves slowly
+    actor_lr: float = 3e-5  # far below the critic's: the residual moves slowly
     tau: float = 0.005  # target network Polyak rate
-    # a = clip(b + scale * r). 2 lets the residual reach any action from any base action:
-    # under async naive at d = 4 the base is off by ~1 per dimension (measured), and smaller
-    # scales cap what the residual can correct (BC ceiling 0.42 at 0.5 vs 0.82 at 2.0)
-    residual_scale: float = 2.0
+    # a = clip(b + scale * r): the residual's reach. Small on purpose (ResFiT 0.1, Policy
+    # Decorator 0.05-0.1): a bounded correction cannot wander far from the base while the
+    # critic is still wrong
+    residual_scale: float = 0.3
     exploration_std: float = 0.1  # Gaussian noise on r during data collection
-    target_noise: float = 0.1  # target policy smoothing (on r)
-    target_noise_clip: float = 0.25
+    target_noise: float = 0.2  # target policy smoothing (on r)
+    target_noise_clip: float = 0.5
     policy_delay: int = 2  # actor / target updates every k critic updates
-    anchor_ratio: float = 0.5  # share of each batch drawn from anchor replay
-    anchor_weight: float = 1.0  # weight of the anchor (BC) term in the actor loss
-    # weight of the unit-scaled Q term (deterministic policy gradient). 0 by default: at the
-    # budgets this CPU affords (<= 12k env steps) the critic's action-gradient moved a
-    # pretrained actor away from the anchor data at every weight tried (2.5 .. 0.01
-    # relative; Adam rescales even a small term once the anchor term has converged), see README
-    q_weight: float = 0.0
-    critic_warmup_updates: int = 500  # critic-only updates before the actor moves
-    pretrain_updates: int = 3000  # anchor pretraining (BC of the actor on anchor replay) before online RL
+    anchor_ratio: float = 0.5  # share of each batch drawn from anchor replay (RLPD 50/50)
+    # actor loss = -q_weight * Q(s, pi(s)) / mean|Q| + anchor_weight * BC on anchor rows.
+    # q_weight > 0: the critic drives the actor (the method). q_weight = 0, q_filter = False:
+    # the behaviour-cloning control.
+    q_weight: float = 1.0
+    anchor_weight: float = 1.0
+    # BC only on anchor rows whose action the critic values above the actor's (Q-filter,
+    # Nair et al. 2018): the anchor pulls where it is better, the critic decides elsewhere
+    q_filter: bool = True
+    # how the critic drives the actor (reports/learner_tuning.md has the measurements):
+    # "awr": advantage-weighted regression onto the data's actions, advantages from the
+    #   critic's TD targets (the default: the only one that did not collapse at 15k steps);
+    # "dpg": deterministic policy gradient + Q-filtered BC (TD3+BC-style);
+    # "select": regress onto the highest-Q of nearby candidates and the row's own action
+    #   (PA-RL/EXPO-style).
+    actor_update: str = "awr"
+    # value gating when acting (EXPO): execute the highest-Q of {pi, base, gate_candidates - 2
+    # perturbations of pi (std gate_std on r)}; 0 or 1 = execute pi. Off by default: at this
+    # budget the critic does not rank nearby actions reliably (see the tuning report)
+    gate_candidates: int = 0
+    gate_std: float = 0.3
+    # awr: weight exp(q_weight * advantage / awr_temperature), clipped
+    awr_temperature: float = 0.05
+    awr_max_weight: float = 20.0
+    critic_warmup_updates: int = 2000  # critic-only updates before the actor moves
+    pretrain_updates: int = 2000  # BC of the actor on anchor replay before online RL
     pretrain_lr: float = 1e-3
     utd: int = 1  # updates per environment step
     buffer_size: int = 200_000
+    # reachable return range: sparse success reward 1, optional takeover penalty below 0;
+    # TD targets are clipped into it, and |Q| beyond max_abs_q means the critic diverged
+    q_min: float = 0.0
+    q_max: float = 1.0
+    max_abs_q: float = 100.0
 
     def validate(self) -> None:
         checks = {
-            "learner.gamma": 0 < self.gamma <= 1, "learner.n_step": self.n_step >= 1,
-            "learner.batch_size": self.batch_size >= 2,
-            "learner.critic_subset": 1 <= self.critic_subset <= self.critic_heads,
-            "learner.anchor_ratio": 0 <= self.anchor_ratio <= 1,
-            "learner.residual_scale": 0 < self.residual_scale <= 2,
-            "learner.q_weight": self.q_weight >= 0, "learner.anchor_weight": self.anchor_weight >= 0,
-            "learner.utd": self.utd >= 1, "learner.policy_delay": self.policy_delay >= 1,
-            "learner.pretrain_updates": self.pretrain_updates >= 0,
+            "learner.gamma": (0 < self.gamma <= 1, "in (0, 1]"),
+            "learner.n_step": (self.n_step >= 1, ">= 1"),
+            "learner.batch_size": (self.batch_size >= 2, ">= 2"),
+            "learner.hidden": (self.hidden >= 1, ">= 1"),
+            "learner.critic_hidden": (self.critic_hidden >= 1, ">= 1"),
+            "learner.critic_heads": (self.critic_heads >= 1, ">= 1"),
+            "learner.critic_subset": (1 <= self.critic_subset <= self.critic_heads, "in [1, critic_heads]"),
+            "learner.critic_lr": (self.critic_lr > 0, "> 0"),
+            "learner.actor_lr": (self.actor_lr > 0, "> 0"),
+            "learner.tau": (0 < self.tau <= 1, "in (0, 1]"),
+            "learner.anchor_ratio": (0 <= self.anchor_ratio <= 1, "in [0, 1]"),
+            "learner.residual_scale": (0 < self.residual_scale <= 2, "in (0, 2]"),
+            "learner.exploration_std": (self.exploration_std >= 0, ">= 0"),
+            "learner.q_weight": (self.q_weight >= 0, ">= 0"),
+            "learner.anchor_weight": (self.anchor_weight >= 0, ">= 0"),
+            "learner.utd": (self.utd >= 1, ">= 1"),
+            "learner.policy_delay": (self.policy_delay >= 1, ">= 1"),
+            "learner.critic_warmup_updates": (self.critic_warmup_updates >= 0, ">= 0"),
+            "learner.actor_update": (self.actor_update in ACTOR_UPDATES, f"one of {ACTOR_UPDATES}"),
+            "learner.gate_candidates": (self.gate_candidates >= 0, ">= 0"),
+            "learner.gate_std": (self.gate_std >= 0, ">= 0"),
+            "learner.awr_temperature": (self.awr_temperature > 0, "> 0"),
+            "learner.awr_max_weight": (self.awr_max_weight >= 1, ">= 1"),
+            "learner.pretrain_updates": (self.pretrain_updates >= 0, ">= 0"),
+            "learner.buffer_size": (self.buffer_size >= self.batch_size, ">= batch_size"),
+            "learner.q_max": (self.q_max > self.q_min, "> learner.q_min"),
+            "learner.max_abs_q": (self.max_abs_q > 0, "> 0"),
         }
-        bad = [k for k, ok in checks.items() if not ok]
-        if bad:
-            raise ValueError(f"invalid learner settings: {bad} (see LearnerConfig for allowed ranges)")
+        raise_bad(self, checks)
+
+
+def raise_bad(obj, checks: dict[str, tuple[bool, str]]) -> None:
+    """ValueError naming every failed ``"group.field": (ok, allowed)`` check and its value."""
+    bad = [f"{k}: expected {allowed}, got {getattr(obj, k.split('.')[1])!r}" for k, (ok, allowed) in checks.items()
+           if not ok]
+    if bad:
+        raise ValueError("; ".join(bad))
 
 
 INTERVENTION_MODES = ("takeover", "corrective")
@@ -67,16 +121,24 @@ class InterventionSpec:
     threshold: float = 0.6  # corrective: max |a_robot - a_expert| that counts as a deviation
     patience: int = 3  # corrective: consecutive deviating steps before it takes over
     segment: int = 15  # corrective: steps it keeps control before handing back
+    max_steps: int = 0  # cap on online intervention steps over the run (0 = no cap)
+    # RLIF-style: reward -takeover_penalty on the robot's step that made the intervener take
+    # over, so the residual learns to avoid states that need rescue
+    takeover_penalty: float = 0.0
 
     def validate(self) -> None:
-        checks = {"intervention.prob": 0 <= self.prob <= 1, "intervention.after": self.after >= 0,
-                  "intervention.mode": self.mode in INTERVENTION_MODES,
-                  "intervention.threshold": self.threshold >= 0,
-                  "intervention.patience": self.patience >= 1, "intervention.segment": self.segment >= 1}
-        bad = [k for k, ok in checks.items() if not ok]
-        if bad:
-            raise ValueError(f"invalid intervention settings: {bad} (modes: {INTERVENTION_MODES}; prob in "
-                             "[0, 1]; threshold >= 0; patience, segment >= 1)")
+        checks = {"intervention.prob": (0 <= self.prob <= 1, "in [0, 1]"),
+                  "intervention.after": (self.after >= 0, ">= 0"),
+                  "intervention.mode": (self.mode in INTERVENTION_MODES, f"one of {INTERVENTION_MODES}"),
+                  "intervention.threshold": (self.threshold >= 0, ">= 0"),
+                  "intervention.patience": (self.patience >= 1, ">= 1"),
+                  "intervention.segment": (self.segment >= 1, ">= 1"),
+                  "intervention.max_steps": (self.max_steps >= 0, ">= 0 (0 = no cap)"),
+                  "intervention.takeover_penalty": (self.takeover_penalty >= 0, ">= 0")}
+        raise_bad(self, checks)
+
+
+REGIMES = ("rl", "hil")
 
 
 @dataclass
@@ -84,14 +146,17 @@ class RunSpec:
     """What one finetuning run is: task timing, state variant, data and budget."""
 
     variant: str = "arli"
+    # rl: anchor = demonstrations relabelled through the scheduler, no online intervener;
+    # hil: the intervener also acts online (``intervention``), its segments join the anchor
+    regime: str = "rl"
     strategy: str = "naive"  # async switch strategy of the base policy
     execute_horizon: int = 8
-    env_steps: int = 12_000
-    anchor_episodes: int = 60  # intervener episodes collected before learning
+    env_steps: int = 15_000
+    anchor_episodes: int = 60  # demonstration episodes (expert in the async loop) before learning
     intervention: InterventionSpec = field(default_factory=InterventionSpec)
     learn_after: int = 1000  # transitions in replay before the first update
     eval_every: int = 2500
-    eval_episodes: int = 20
+    eval_episodes: int = 30
     seed: int = 0
     learner: LearnerConfig = field(default_factory=LearnerConfig)
 

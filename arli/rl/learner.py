@@ -1,14 +1,21 @@
-"""Replay-anchored residual TD learner (TD3-style with an ensemble critic), top to bottom.
+"""Replay-anchored residual TD learner (TD3-style, ensemble critic), top to bottom.
 
-Anchor pretraining (``pretrain_actor``): before any online data, the actor is behaviour-cloned
-onto anchor replay, so the executed action starts near the intervener's.
-Critic: E LayerNorm heads; target = R_n + discount * min over a random subset of target
-heads at (s', clip(b' + scale * (pi_targ(s') + smoothing noise))).
-Actor: ``anchor_weight`` times the anchor term (executed action vs anchor action on the
-anchor rows of each mixed batch: demonstrations and intervention segments), minus
-``q_weight`` times the mean head's Q of the executed action divided by its mean magnitude
-(TD3+BC-style). Warm-up: the first ``critic_warmup_updates`` updates train only the critic,
-so the actor moves only once the critic means something.
+Critic: E LayerNorm heads trained on mixed batches (online + anchor rows); target
+``R_n + discount * min over a random subset of target heads`` at
+``(s', clip(b' + scale * (pi_targ(s') + clipped noise)))``, clipped to the reachable return
+range [q_min, q_max] (sparse success reward, episodes end on success).
+Actor (every ``policy_delay`` updates, after ``critic_warmup_updates`` critic-only ones):
+
+    loss = -q_weight * mean_B Q(s, pi(s)) / mean_B |Q(s, pi(s))|        (the critic drives)
+           + anchor_weight * mean_anchor w * ||a_pi - a_anchor||^2       (the anchor keeps)
+
+where Q is the mean over heads and ``w`` is 1, or with ``q_filter`` 1 only on anchor rows
+whose action the critic values above the actor's (Q-filter). The Q term is unit-scaled as in
+TD3+BC, so ``q_weight`` keeps its meaning as values grow. ``q_weight=0, q_filter=False`` is
+the behaviour-cloning control.
+
+Anchor pretraining (``pretrain_actor``): before any online step the actor is behaviour-cloned
+onto anchor replay, so RL starts from the anchored policy (the ``anchor_only`` control).
 """
 
 from __future__ import annotations
@@ -21,14 +28,23 @@ from tqdm import tqdm
 
 from arli.policies.residual import EnsembleCritic, ResidualActor, compose_action
 from arli.rl.config import LearnerConfig
-from arli.rl.replay import ReplayBuffer, mixed_batch
+from arli.rl.replay import SOURCES, ReplayBuffer, mixed_batch
 
 
-def anchor_term(action: torch.Tensor, anchor_action: torch.Tensor, is_anchor: torch.Tensor) -> torch.Tensor:
-    """Mean squared distance (summed over action dims) between executed actions (B, m) and
-    anchor actions (B, m) over the rows flagged in ``is_anchor`` (B,)."""
+class LearnerDiverged(RuntimeError):
+    """A non-finite loss or a Q value outside the reachable range: training must stop."""
+
+
+def anchor_term(action: torch.Tensor, anchor_action: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Weighted mean squared distance (summed over action dims) between executed actions
+    (B, m) and anchor actions (B, m); ``weight`` (B,) is 0 on rows that do not count."""
     per_row = ((action - anchor_action) ** 2).sum(-1)
-    return (per_row * is_anchor).sum() / is_anchor.sum().clamp(min=1.0)
+    return (per_row * weight).sum() / weight.sum().clamp(min=1.0)
+
+
+def _grad_norm(params) -> float:
+    grads = [p.grad for p in params if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
 
 
 class ResidualLearner:
@@ -39,68 +55,196 @@ class ResidualLearner:
         torch.manual_seed(seed)
         self.cfg, self.state_dim, self.action_dim = cfg, state_dim, action_dim
         self.actor = ResidualActor(state_dim, action_dim, cfg.hidden)
-        self.critic = EnsembleCritic(state_dim, action_dim, cfg.critic_heads, cfg.hidden)
+        self.critic = EnsembleCritic(state_dim, action_dim, cfg.critic_heads, cfg.critic_hidden)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr)
+        # fused Adam: one kernel per step instead of a dozen per parameter (CPU and CUDA)
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, foreach=True)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, foreach=True)
         self.generator = torch.Generator().manual_seed(seed)
         self.updates = 0
+        # flat parameter lists for one fused Polyak step (torch._foreach_lerp_)
+        self._critic_pairs = (list(self.critic.parameters()), list(self.critic_target.parameters()))
+        self._actor_pairs = (list(self.actor.parameters()), list(self.actor_target.parameters()))
 
     # -- acting --------------------------------------------------------------------------
-    @torch.no_grad()
-    def residual(self, state: np.ndarray, explore: bool) -> np.ndarray:
-        """r (m,) in [-1, 1] for one state (D,)."""
-        r = self.actor(torch.as_tensor(state, dtype=torch.float32)[None])[0]
-        if explore:
-            r = r + self.cfg.exploration_std * torch.randn(r.shape, generator=self.generator)
-        return r.clamp(-1.0, 1.0).numpy()
+    def candidates(self, r_pi: torch.Tensor, count: int, std: float) -> torch.Tensor:
+        """Residual candidates around the actor's r_pi (B, m) -> (count, B, m): r_pi itself,
+        zero (the base action) and ``count - 2`` Gaussian perturbations of r_pi."""
+        noise = torch.randn((max(count - 2, 0), *r_pi.shape), generator=self.generator) * std
+        return torch.cat([r_pi[None], torch.zeros_like(r_pi)[None], (r_pi[None] + noise).clamp(-1, 1)])[:count]
 
-    def executed(self, base: np.ndarray, residual: np.ndarray) -> np.ndarray:
-        return compose_action(base, residual, self.cfg.residual_scale)
+    def best_candidate(self, state: torch.Tensor, base: torch.Tensor, cands: torch.Tensor) -> torch.Tensor:
+        """The candidate residual (B, m) of ``cands`` (K, B, m) with the highest mean-head Q."""
+        K, B, m = cands.shape
+        s = state.expand(K, *state.shape).reshape(K * B, -1)
+        a = compose_action(base.expand(K, *base.shape).reshape(K * B, m), cands.reshape(K * B, m),
+                           self.cfg.residual_scale)
+        q = self.critic(s, a).mean(0).view(K, B)
+        return cands.gather(0, q.argmax(0).view(1, B, 1).expand(1, B, m))[0]
+
+    @torch.no_grad()
+    def act(self, state: np.ndarray, base: np.ndarray, explore: bool) -> np.ndarray:
+        """Executed action a (m,) for one state (D,) and base action b (m,).
+
+        With ``gate_candidates`` K > 1 (value gating, EXPO-style) the residual is the
+        highest-Q of {pi(s), 0 (the base), K - 2 perturbations of pi(s)}, so the critic
+        decides what runs; exploration noise is added after the choice, while training."""
+        cfg = self.cfg
+        s = torch.as_tensor(state, dtype=torch.float32)[None]
+        r = self.actor(s)
+        if cfg.gate_candidates > 1 and self.updates >= cfg.critic_warmup_updates:
+            r = self.best_candidate(s, torch.as_tensor(base, dtype=torch.float32)[None],
+                                    self.candidates(r, cfg.gate_candidates, cfg.gate_std))
+        if explore:
+            r = r + cfg.exploration_std * torch.randn(r.shape, generator=self.generator)
+        return compose_action(np.asarray(base, np.float32), r[0].clamp(-1.0, 1.0).numpy(), cfg.residual_scale)
+
+    @torch.no_grad()
+    def q_value(self, state: np.ndarray, action: np.ndarray) -> np.ndarray:
+        """Mean-head Q for states (N, D) and executed actions (N, m) -> (N,)."""
+        return self.critic(torch.as_tensor(state, dtype=torch.float32),
+                           torch.as_tensor(action, dtype=torch.float32)).mean(0).numpy()
 
     # -- learning ------------------------------------------------------------------------
-    def update(self, online: ReplayBuffer, anchor: ReplayBuffer) -> dict[str, float]:
+    def update(self, online: ReplayBuffer, anchor: ReplayBuffer, diagnostics: bool = False) -> dict[str, float]:
+        """One critic step (and every ``policy_delay``-th an actor step). ``diagnostics``
+        adds per-source TD errors, gradient norms and residual magnitude to the stats."""
         cfg = self.cfg
         b = mixed_batch(online, anchor, cfg.batch_size, cfg.anchor_ratio, self.generator)
         scale = cfg.residual_scale
         with torch.no_grad():
-            noise = (torch.randn(b["next_base"].shape, generator=self.generator) * cfg.target_noise)
-            r_next = (self.actor_target(b["next_state"]) + noise.clamp(-cfg.target_noise_clip,
-                                                                        cfg.target_noise_clip)).clamp(-1, 1)
-            q_next = self.critic_target(b["next_state"], compose_action(b["next_base"], r_next, scale))
+            noise = torch.randn(b["next_base"].shape, generator=self.generator) * cfg.target_noise
+            r_next = (self.actor_target(b["next_state"])
+                      + noise.clamp(-cfg.target_noise_clip, cfg.target_noise_clip)).clamp(-1, 1)
             heads = torch.randperm(cfg.critic_heads, generator=self.generator)[: cfg.critic_subset]
-            target = b["ret"] + b["discount"] * q_next[heads].min(dim=0).values
+            q_next = self.critic_target(b["next_state"], compose_action(b["next_base"], r_next, scale), heads)
+            # returns live in [q_min, q_max]: clipping keeps an extrapolating head from inflating all
+            target = (b["ret"] + b["discount"] * q_next.min(dim=0).values).clamp(cfg.q_min, cfg.q_max)
         q = self.critic(b["state"], b["action"])  # (E, B)
-        critic_loss = ((q - target[None]) ** 2).mean()
+        td = q - target[None]
+        critic_loss = (td**2).mean()
+        stats = {"critic_loss": critic_loss.item(), "q_mean": q.detach().mean().item()}
+        if not (np.isfinite(stats["critic_loss"]) and abs(stats["q_mean"]) <= cfg.max_abs_q):
+            raise LearnerDiverged(f"critic diverged at update {self.updates}: loss {stats['critic_loss']:.3g}, "
+                                  f"mean Q {stats['q_mean']:.3g} (returns are in [{cfg.q_min}, {cfg.q_max}]); "
+                                  "lower learner.critic_lr or learner.tau")
         self.critic_opt.zero_grad(set_to_none=True)
         critic_loss.backward()
+        if diagnostics:
+            stats["critic_grad_norm"] = _grad_norm(self._critic_pairs[0])
+            err = td.detach().abs().mean(0)
+            for code, name in enumerate(SOURCES):
+                rows = b["source"] == code
+                if rows.any():
+                    stats[f"td_abs/{name}"] = err[rows].mean().item()
+                    stats[f"q/{name}"] = q.detach().mean(0)[rows].mean().item()
         self.critic_opt.step()
         self.updates += 1
-        stats = {"critic_loss": critic_loss.item(), "q_mean": q.mean().item()}
 
         if self.updates > cfg.critic_warmup_updates and self.updates % cfg.policy_delay == 0:
-            action = compose_action(b["base"], self.actor(b["state"]), scale)
-            bc = anchor_term(action, b["action"], b["is_anchor"])
-            actor_loss = cfg.anchor_weight * bc
-            if cfg.q_weight > 0:
-                q_pi = self.critic(b["state"], action).mean(0)
-                # unit-scaled (TD3+BC-style) so q_weight keeps its meaning as returns grow
-                actor_loss = actor_loss - cfg.q_weight * (q_pi / q_pi.abs().mean().detach().clamp(min=1e-3)).mean()
-            self.actor_opt.zero_grad(set_to_none=True)
-            actor_loss.backward()
-            self.actor_opt.step()
-            self._polyak()
-            stats.update(actor_loss=actor_loss.item(), anchor_bc=bc.item())
+            stats.update(self._actor_step(b, q.detach().mean(0), target, diagnostics))
+            self._polyak(actor=True)
         elif self.updates % cfg.policy_delay == 0:
             self._polyak(actor=False)
         return stats
 
+    def _actor_step(self, b: dict[str, torch.Tensor], q_data: torch.Tensor, target: torch.Tensor,
+                    diagnostics: bool) -> dict[str, float]:
+        """``q_data`` (B,): the critic's mean Q of the batch's own actions (from the critic step,
+        before its optimiser step: the Q-filter's reference, no second forward pass);
+        ``target`` (B,): the rows' TD targets R_n + gamma^n Q'(s_n, pi'(s_n))."""
+        if self.cfg.actor_update == "select":
+            return self._select_step(b, diagnostics)
+        if self.cfg.actor_update == "awr":
+            return self._awr_step(b, target, diagnostics)
+        cfg = self.cfg
+        r = self.actor(b["state"])
+        action = compose_action(b["base"], r, cfg.residual_scale)
+        weight = b["is_anchor"]
+        loss = torch.zeros(())
+        q_pi = None
+        if cfg.q_weight > 0 or cfg.q_filter:
+            q_pi = self.critic(b["state"], action).mean(0)
+        if cfg.q_filter and cfg.anchor_weight > 0:
+            weight = weight * (q_data > q_pi.detach()).float()
+        bc = anchor_term(action, b["action"], weight)
+        loss = loss + cfg.anchor_weight * bc
+        if cfg.q_weight > 0:
+            loss = loss - cfg.q_weight * (q_pi / q_pi.abs().mean().detach().clamp(min=1e-3)).mean()
+        if not torch.isfinite(loss):
+            raise LearnerDiverged(f"actor loss is not finite at update {self.updates}")
+        self.actor_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        stats = {"actor_loss": loss.item(), "anchor_bc": bc.item(),
+                 "anchor_kept": (weight.sum() / b["is_anchor"].sum().clamp(min=1)).item()}
+        if diagnostics:
+            stats["actor_grad_norm"] = _grad_norm(self._actor_pairs[0])
+            stats["residual_abs"] = (cfg.residual_scale * r.detach()).abs().mean().item()
+            if q_pi is not None:
+                stats["q_pi"] = q_pi.detach().mean().item()
+        self.actor_opt.step()
+        return stats
+
+    def _awr_step(self, b: dict[str, torch.Tensor], target: torch.Tensor, diagnostics: bool) -> dict[str, float]:
+        """Advantage-weighted regression onto the data's own actions (online and anchor rows):
+        A = R_n + gamma^n Q'(s_n, pi'(s_n)) - Q(s, pi(s)), weight exp(A / awr_temperature)
+        clipped at awr_max_weight. The signal is the critic's *state* values along the
+        transition that really happened (what it learns first and best), not its ranking of
+        untried actions; the targets never leave the data's support. ``q_weight = 0``: plain
+        BC on anchor rows (the control)."""
+        cfg = self.cfg
+        r = self.actor(b["state"])
+        r_data = ((b["action"] - b["base"]) / cfg.residual_scale).clamp(-1, 1)
+        if cfg.q_weight > 0:
+            with torch.no_grad():
+                value = self.critic(b["state"], compose_action(b["base"], r.detach(), cfg.residual_scale)).mean(0)
+                advantage = target - value
+                weight = torch.exp(cfg.q_weight * advantage / cfg.awr_temperature).clamp(max=cfg.awr_max_weight)
+        else:
+            advantage, weight = torch.zeros_like(target), b["is_anchor"]
+        stats = {"advantage": advantage.mean().item(),
+                 "weight_online": (weight * (1 - b["is_anchor"])).sum().item() / weight.sum().clamp(min=1e-6).item()}
+        return self._regress(r, r_data, weight, stats, diagnostics)
+
+    def _select_step(self, b: dict[str, torch.Tensor], diagnostics: bool) -> dict[str, float]:
+        """Critic-selected regression (PA-RL / EXPO-style): the target of every row is the
+        highest-Q of {pi(s), 0, perturbations of pi(s), the row's own action (anchor rows;
+        online rows too)}, and the actor regresses onto it. The critic decides what the actor
+        becomes, but only among actions near the actor and the data — never off support.
+        ``q_weight = 0`` makes it plain BC on anchor rows (the control)."""
+        cfg = self.cfg
+        r = self.actor(b["state"])
+        r_data = ((b["action"] - b["base"]) / cfg.residual_scale).clamp(-1, 1)
+        if cfg.q_weight > 0:
+            with torch.no_grad():
+                cands = torch.cat([self.candidates(r.detach(), cfg.gate_candidates, cfg.gate_std), r_data[None]])
+                target = self.best_candidate(b["state"], b["base"], cands)
+            weight = torch.ones_like(b["is_anchor"])
+        else:
+            target, weight = r_data, b["is_anchor"]
+        stats = {"moved_to_data": ((target - r_data).abs().sum(-1) < 1e-6).float().mean().item()}
+        return self._regress(r, target, weight, stats, diagnostics)
+
+    def _regress(self, r: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, stats: dict[str, float],
+                 diagnostics: bool) -> dict[str, float]:
+        """One actor step on the weighted regression of r (B, m) onto target (B, m), weight (B,)."""
+        loss = (((r - target) ** 2).sum(-1) * weight).sum() / weight.sum().clamp(min=1.0)
+        if not torch.isfinite(loss):
+            raise LearnerDiverged(f"actor loss is not finite at update {self.updates}")
+        self.actor_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        stats["actor_loss"] = loss.item()
+        if diagnostics:
+            stats["actor_grad_norm"] = _grad_norm(self._actor_pairs[0])
+            stats["residual_abs"] = (self.cfg.residual_scale * r.detach()).abs().mean().item()
+        self.actor_opt.step()
+        return stats
+
     def pretrain_actor(self, anchor: ReplayBuffer, updates: int, progress: bool = False) -> float:
         """Anchor pretraining: behaviour-clone the executed action onto anchor actions before
-        any online data exists (the base under delay can be far off; starting the residual
-        from the anchor data is what makes a small online budget enough). Returns the last loss.
-        Uses its own optimiser so the actor's RL optimiser state starts fresh."""
+        any online data exists. Returns the last loss. Uses its own optimiser so the actor's
+        RL optimiser state starts fresh."""
         if updates <= 0 or len(anchor) == 0:
             return float("nan")
         opt = torch.optim.Adam(self.actor.parameters(), lr=self.cfg.pretrain_lr)
@@ -118,10 +262,9 @@ class ResidualLearner:
 
     @torch.no_grad()
     def _polyak(self, actor: bool = True) -> None:
-        pairs = [(self.critic, self.critic_target)] + ([(self.actor, self.actor_target)] if actor else [])
-        for net, targ in pairs:
-            for p, tp in zip(net.parameters(), targ.parameters()):
-                tp.lerp_(p, self.cfg.tau)
+        pairs = [self._critic_pairs] + ([self._actor_pairs] if actor else [])
+        for params, targets in pairs:
+            torch._foreach_lerp_(targets, params, self.cfg.tau)
 
     # -- checkpoints ---------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -2,7 +2,8 @@
 
 A stored transition: state s_t (D,), base action b_t (m,), executed action a_t (m,),
 n-step return R (sum of gamma^i r_{t+i}), bootstrap state s_{t+k} (D,) and its base action
-b_{t+k} (m,), and discount gamma^k (0 if the episode terminated inside the k steps).
+b_{t+k} (m,), discount gamma^k (0 if the episode ended inside the k steps), and the
+``source`` of a_t (SOURCES: the residual acting online, a demonstration, an intervention).
 """
 
 from __future__ import annotations
@@ -12,11 +13,19 @@ from collections import deque
 import numpy as np
 import torch
 
-FIELDS = ("state", "base", "action", "ret", "next_state", "next_base", "discount")
+SOURCES = ("online", "demo", "intervention")
+ONLINE, DEMO, INTERVENTION = range(3)
+FIELDS = ("state", "base", "action", "ret", "next_state", "next_base", "discount", "source")
 
 
 class NStepAccumulator:
-    """Turns per-step transitions of one episode into n-step transitions."""
+    """Turns per-step transitions of one episode into n-step transitions.
+
+    A window never spans a change of who acts (residual <-> demonstrator/intervener): the
+    residual's n-step target must not count the intervener's actions as its own, and an
+    intervention segment's return is the intervener's. When the actor changes, the window
+    is flushed and bootstraps from the state where the other one took over.
+    """
 
     def __init__(self, n: int, gamma: float):
         if n < 1 or not 0 < gamma <= 1:
@@ -25,11 +34,14 @@ class NStepAccumulator:
         self._window: deque = deque()
 
     def push(self, state, base, action, reward: float, next_state, next_base,
-             terminated: bool, truncated: bool, tag: str = "") -> list[dict]:
-        """Add step t; returns the n-step transitions that are complete now (each keeps the
-        ``tag`` of its first step, e.g. whether an intervener chose that action)."""
-        self._window.append((state, base, action, float(reward), tag))
+             terminated: bool, truncated: bool, source: int = ONLINE) -> list[dict]:
+        """Add step t (its action chosen by ``source``); returns the n-step transitions that
+        are complete now. ``truncated`` without ``terminated`` bootstraps."""
         out: list[dict] = []
+        if self._window and self._window[0][4] != source:
+            while self._window:  # actor changed at s_t: bootstrap the old window from s_t
+                out.append(self._emit(state, base, False))
+        self._window.append((state, base, action, float(reward), source))
         if terminated or truncated:
             while self._window:  # flush: shorter returns, bootstrap only if not terminated
                 out.append(self._emit(next_state, next_base, terminated))
@@ -40,23 +52,33 @@ class NStepAccumulator:
     def _emit(self, next_state, next_base, terminated: bool) -> dict:
         k = len(self._window)
         ret = sum(self.gamma**i * step[3] for i, step in enumerate(self._window))
-        state, base, action, _, tag = self._window.popleft()
+        state, base, action, _, source = self._window.popleft()
         return {"state": state, "base": base, "action": action, "ret": ret,
                 "next_state": next_state, "next_base": next_base,
-                "discount": 0.0 if terminated else self.gamma**k, "tag": tag}
+                "discount": 0.0 if terminated else self.gamma**k, "source": source}
 
     def reset(self) -> None:
         self._window.clear()
 
 
 class ReplayBuffer:
-    """Fixed-capacity ring buffer of n-step transitions; samples torch batches."""
+    """Fixed-capacity ring buffer of n-step transitions; samples torch batches.
+
+    All fields of a transition sit in one float32 row (``rows`` (capacity, W)), and ``data``
+    holds named column views of it, so a batch is one gather instead of one per field.
+    """
 
     def __init__(self, capacity: int, state_dim: int, action_dim: int):
         self.capacity = capacity
-        shapes = {"state": (state_dim,), "base": (action_dim,), "action": (action_dim,), "ret": (),
-                  "next_state": (state_dim,), "next_base": (action_dim,), "discount": ()}
-        self.data = {k: np.zeros((capacity, *shape), np.float32) for k, shape in shapes.items()}
+        widths = {"state": state_dim, "base": action_dim, "action": action_dim, "ret": 0,
+                  "next_state": state_dim, "next_base": action_dim, "discount": 0, "source": 0}
+        self.columns: dict[str, slice | int] = {}
+        pos = 0
+        for key, width in widths.items():  # width 0 = a scalar column
+            self.columns[key] = slice(pos, pos + width) if width else pos
+            pos += max(width, 1)
+        self.rows = np.zeros((capacity, pos), np.float32)
+        self.data = {k: self.rows[:, col] for k, col in self.columns.items()}
         self.size = 0
         self.cursor = 0
 
@@ -64,19 +86,32 @@ class ReplayBuffer:
         return self.size
 
     def add(self, transition: dict) -> None:
-        for key in FIELDS:
-            value = np.asarray(transition[key], np.float32)
+        """Store one n-step transition (``source`` defaults to ONLINE). A NaN/inf field
+        rejects the whole transition before anything is written."""
+        row = np.empty(self.rows.shape[1], np.float32)
+        for key, col in self.columns.items():
+            value = np.asarray(transition.get(key, ONLINE) if key == "source" else transition[key], np.float32)
             if not np.all(np.isfinite(value)):
                 raise ValueError(f"replay: transition field {key!r} has NaN/inf; not stored")
-            self.data[key][self.cursor] = value
+            row[col] = value
+        self.rows[self.cursor] = row
         self.cursor = (self.cursor + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)
 
-    def sample(self, batch: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def sample_rows(self, batch: int, generator: torch.Generator) -> np.ndarray:
+        """(batch, W) uniformly drawn rows."""
         if self.size == 0:
             raise RuntimeError("cannot sample from an empty replay buffer")
         idx = torch.randint(0, self.size, (batch,), generator=generator).numpy()
-        return {k: torch.from_numpy(v[idx]) for k, v in self.data.items()}
+        return self.rows[idx]
+
+    def fields(self, rows: np.ndarray | torch.Tensor) -> dict[str, torch.Tensor]:
+        """Named column views of a (B, W) batch."""
+        rows = torch.from_numpy(rows) if isinstance(rows, np.ndarray) else rows
+        return {k: rows[:, col] for k, col in self.columns.items()}
+
+    def sample(self, batch: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        return self.fields(self.sample_rows(batch, generator))
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {**{f"data.{k}": v[: self.size] for k, v in self.data.items()},
@@ -93,18 +128,17 @@ class ReplayBuffer:
 
 def mixed_batch(online: ReplayBuffer, anchor: ReplayBuffer, batch: int, anchor_ratio: float,
                 generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """Concatenate online and anchor samples; ``is_anchor`` (B,) marks the anchor rows."""
+    """Online rows then anchor rows (RLPD-style fixed ratio); ``is_anchor`` (B,) marks the
+    anchor rows. Falls back to one source when the other is empty."""
     n_anchor = int(round(batch * anchor_ratio)) if len(anchor) else 0
     n_online = batch - n_anchor if len(online) else 0
     if n_online == 0 and len(anchor):
         n_anchor = batch
-    parts, flags = [], []
+    parts = []
     if n_online:
-        parts.append(online.sample(n_online, generator))
-        flags.append(torch.zeros(n_online))
+        parts.append(online.sample_rows(n_online, generator))
     if n_anchor:
-        parts.append(anchor.sample(n_anchor, generator))
-        flags.append(torch.ones(n_anchor))
-    out = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-    out["is_anchor"] = torch.cat(flags)
+        parts.append(anchor.sample_rows(n_anchor, generator))
+    out = online.fields(np.concatenate(parts) if len(parts) > 1 else parts[0])
+    out["is_anchor"] = torch.cat([torch.zeros(n_online), torch.ones(n_anchor)])
     return out

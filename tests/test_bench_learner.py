@@ -1,0 +1,50 @@
+"""``arli bench learner``: the same update math in both learners, and the report's shape."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+from arli.bench.learner import ReferenceLearner, filled_buffers
+from arli.rl.config import LearnerConfig
+from arli.rl.learner import ResidualLearner
+
+
+def test_reference_and_ours_compute_the_same_critic_loss():
+    """Same weights, same batch, same target heads: the CleanRL-style reference and the
+    batched ensemble give the same TD loss, so the speed comparison is like for like."""
+    cfg = LearnerConfig(critic_heads=3, critic_subset=3, critic_hidden=16, hidden=16, batch_size=32,
+                        target_noise=0.0, critic_warmup_updates=10**6)
+    D, m = 12, 3
+    online, anchor = filled_buffers(D, m, 64, 0)
+    ours, ref = ResidualLearner(cfg, D, m), ReferenceLearner(cfg, D, m)
+    with torch.no_grad():  # copy our heads into the reference's per-head Sequentials
+        for e, (c, ct) in enumerate(zip(ref.critics, ref.critics_target)):
+            for net, src in ((c, ours.critic), (ct, ours.critic_target)):
+                net[0].weight.copy_(src.w1[:, e].T)
+                net[0].bias.copy_(src.b1[e])
+                net[3].weight.copy_(src.l2.weight[e].T)
+                net[3].bias.copy_(src.l2.bias[e, 0])
+                net[6].weight.copy_(src.w3[e])
+                net[6].bias.copy_(src.b3[e])
+        ref.actor.load_state_dict(ours.actor.state_dict())
+    b = {k: v.clone() for k, v in online.sample(32, torch.Generator().manual_seed(0)).items()}
+    s, a = b["state"], b["action"]
+    torch.testing.assert_close(ref.q_all(ref.critics, s, a), ours.critic(s, a), rtol=1e-5, atol=1e-5)
+
+
+def test_bench_learner_json(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "arli.cli", "bench", "learner", "--json", "seconds=0.2",
+                           f"report_dir={tmp_path}"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(out) == {"updates_per_s", "reference_updates_per_s", "ratio"}
+    assert out["updates_per_s"] > 0 and out["reference_updates_per_s"] > 0
+    assert np.isclose(out["ratio"], out["updates_per_s"] / out["reference_updates_per_s"], rtol=0.02)
+    report = json.loads((tmp_path / "learner.json").read_text())
+    assert report["dispatch_floor_ms"] > 0 and report["gflop_per_update"] > 0
+    assert "What bounds it" in (tmp_path / "learner.md").read_text()
