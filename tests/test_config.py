@@ -27,6 +27,12 @@ def test_defaults_and_overrides():
     ("finetune", "intervention.patience=0", "intervention.patience"),
     ("finetune", "learner.q_weight=-1", "learner.q_weight"),
     ("finetune", "learner.pretrain_updates=-5", "learner.pretrain_updates"),
+    ("finetune", "variant=delayed", "variant"),
+    ("finetune", "regime=online", "regime"),
+    ("finetune", "learner.actor_update=sac", "learner.actor_update"),
+    ("finetune", "intervention.max_steps=-1", "intervention.max_steps"),
+    ("bench_latency_sweep", "variants=[arli,magic]", "variants"),
+    ("bench_learner", "threads=0", "threads"),
 ])
 def test_bad_values_name_the_field(command, override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -66,3 +72,10 @@ def test_rollout_entry_point_end_to_end(tmp_path):
     assert cells["rtc"]["success"] >= 0.75
     assert cells["naive"]["delay_steps"] == 4 and cells["naive"]["mean_delay_steps"] == 4
 
+
+
+def test_every_task_has_an_env_config_group():
+    from sim_envs import TASKS
+
+    for name in TASKS:
+        assert compose("finetune", [f"env={name}"]).env.name == name

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from arli.finetune import Finetuner
+from arli.rl.learner import LearnerDiverged
 from arli.latency import FixedLatency
 from arli.rl.config import InterventionSpec, LearnerConfig, RunSpec
 from arli.rl.replay import DEMO, INTERVENTION, ONLINE
@@ -155,3 +156,18 @@ def test_takeover_penalty_and_intervention_cap():
     rets = ft.online.data["ret"][: len(ft.online)]
     # each takeover charged -0.5 to the robot's step before it (seen through n-step returns)
     assert ctl.takeovers >= 2 and (rets < 0).sum() >= ctl.takeovers
+
+
+def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
+    ft = _finetuner()
+    ft.spec.eval_every = 100
+    ft.prepare()
+    ckpt = tmp_path / "ckpt"
+    ft.train(150, progress=False, checkpoint_dir=str(ckpt))
+    saved = (ckpt / "trainer_state.pt").read_bytes()
+    with torch.no_grad():
+        ft.learner.critic.w1.fill_(float("nan"))  # what a blown-up update leaves behind
+    with pytest.raises(LearnerDiverged, match=f"last good checkpoint is {ckpt}"):
+        ft.train(400, progress=False, checkpoint_dir=str(ckpt))
+    assert (ckpt / "trainer_state.pt").read_bytes() == saved
+    _finetuner().load(str(ckpt))  # and it still loads

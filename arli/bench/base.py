@@ -106,7 +106,9 @@ def main(cfg: BenchBaseConfig) -> int:
          f"base flow policy on {cfg.env.name} ({cfg.episodes} episodes/cell)")
     md = (
         f"# Base policy under inference latency — `{cfg.env.name}`\n\n"
-        f"Command: `arli bench base env={cfg.env.name} episodes={cfg.episodes}`\n\n"
+        f"Command: `arli bench base env={cfg.env.name} episodes={cfg.episodes} "
+        f"'strategies=[{','.join(cfg.strategies)}]' 'delay_steps={list(cfg.delay_steps)}' "
+        f"trace_episodes={cfg.trace_episodes}`\n\n"
         f"Policy: `{cfg.checkpoint}` ({describe(policy)}). Same evaluation seeds in every cell "
         f"({cfg.seed} ..), {cfg.episodes} episodes per cell; latency simulated in sim time.\n\n"
         + cells_markdown(cells) + f"\n![success vs delay](base_{cfg.env.name}.png)\n\n"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 from omegaconf import OmegaConf
@@ -38,6 +39,7 @@ def main(cfg: FinetuneConfig) -> int:
     from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
 
     from arli.finetune import Finetuner  # noqa: PLC0415
+    from arli.rl.learner import LearnerDiverged  # noqa: PLC0415
     from arli.policies.load import load_base_policy  # noqa: PLC0415
 
     start = time.time()
@@ -75,7 +77,12 @@ def main(cfg: FinetuneConfig) -> int:
     print(f"evaluating the base policy ({cfg.final_eval_episodes} episodes, async {cfg.strategy}, d={delay})")
     base_eval = ft.evaluate(cfg.final_eval_episodes, residual=False)
     writer = SummaryWriter(os.path.join(run_dir, "tb"))
-    ft.train(writer=writer, checkpoint_dir=os.path.join(run_dir, "checkpoint"))
+    try:
+        ft.train(writer=writer, checkpoint_dir=os.path.join(run_dir, "checkpoint"))
+    except LearnerDiverged as exc:
+        writer.close()
+        print(f"arli finetune: stopped: {exc}", file=sys.stderr)
+        return 3
     ft.save(os.path.join(run_dir, "checkpoint"))
     final = ft.evaluate(cfg.final_eval_episodes)
     writer.add_scalar("eval/final_success", final["success"], ft.controller.env_steps)
@@ -90,6 +97,8 @@ def main(cfg: FinetuneConfig) -> int:
         "env_steps": ft.controller.env_steps, "updates": ft.learner.updates,
         # anchor replay = anchor episodes + online intervention steps
         "anchor_transitions": len(ft.anchor), "intervened_steps": ft.controller.intervened_steps,
+        "intervention_share": round(ft.controller.intervened_steps / max(ft.controller.env_steps, 1), 4),
+        "takeovers": ft.controller.takeovers,
         "base_success": base_eval["success"], "finetuned_success": final["success"],
         "eval_episodes": cfg.final_eval_episodes, "steps_to_80": steps_to(ft.history, 0.8),
         "history": ft.history, "wall_s": round(time.time() - start, 1), "run_dir": run_dir,
@@ -101,7 +110,8 @@ def main(cfg: FinetuneConfig) -> int:
     print(f"| base | {base_eval['success']:.2f} |")
     if start_success is not None:
         print(f"| base + anchor-pretrained residual (0 online steps) | {start_success:.2f} |")
-    by_intervener = (f", {ft.controller.intervened_steps} of them by the intervener"
+    by_intervener = (f", {ft.controller.intervened_steps} of them by the intervener "
+                     f"({summary['intervention_share']:.0%}, {ft.controller.takeovers} takeovers)"
                      if cfg.regime == "hil" else "")
     print(f"| base + {cfg.variant} residual after RL ({ft.controller.env_steps} env steps{by_intervener}) "
           f"| {final['success']:.2f} |")
