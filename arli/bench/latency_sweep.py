@@ -13,6 +13,7 @@ sweep resumes where it stopped.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -211,15 +212,16 @@ REPORT_ONLY_SOURCES = ("arli/cli.py", "arli/commands/", "arli/bench/")  # cannot
 
 
 def code_version() -> str:
-    """Hash of the sources a cell's result depends on: arli/ and sim_envs/, minus the CLI and
-    the other benchmarks' report code (this module's ``run_cell`` is included)."""
-    h = hashlib.sha1()
+    """Hash of the sources a cell's result depends on: arli/ and sim_envs/ minus the CLI and
+    the benchmarks' report code, plus the source of ``run_cell`` itself (so editing how a
+    report is written keeps the cache, and editing how a cell runs invalidates it)."""
+    h = hashlib.sha1(inspect.getsource(run_cell).encode())
     top = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     for pkg in ("arli", "sim_envs"):
         for root, _, files in sorted(os.walk(os.path.join(top, pkg))):
             for name in sorted(f for f in files if f.endswith(".py")):
                 rel = os.path.relpath(os.path.join(root, name), top).replace(os.sep, "/")
-                if rel.startswith(REPORT_ONLY_SOURCES) and rel != "arli/bench/latency_sweep.py":
+                if rel.startswith(REPORT_ONLY_SOURCES):
                     continue
                 with open(os.path.join(root, name), "rb") as fh:
                     h.update(rel.encode() + fh.read())
@@ -282,8 +284,8 @@ def non_default_settings(cfg: LatencySweepConfig) -> list[str]:
 
 
 def markdown(cells: list[dict], cfg: LatencySweepConfig) -> str:
-    delays = cfg.delay_steps
-    head = "| variant | " + " | ".join(f"d = {d}" for d in delays) + " | steps to 80% (d = 4) |\n"
+    delays = sorted({*cfg.delay_steps, *(c["delay_steps"] for c in cells)})  # the d = 0 references too
+    head = "| variant | " + " | ".join(f"d = {d}" for d in delays) + " | steps to 80% (d = 4; references: d = 0) |\n"
     head += "|---|" + "---:|" * (len(delays) + 1) + "\n"
     by = {(c["variant"], c["delay_steps"]): c for c in cells}
     rows = []
@@ -297,7 +299,7 @@ def markdown(cells: list[dict], cfg: LatencySweepConfig) -> str:
         reached = "—" if s80 is None else ("not reached" if s80["steps_to_80"] is None else s80["steps_to_80"])
         rows.append(f"| {variant} | " + " | ".join(vals) + f" | {reached} |")
     command = (f"arli bench latency-sweep env={cfg.env.name} budget={cfg.budget} "
-               f"'seeds={list(cfg.seeds)}' 'delay_steps={list(delays)}' eval_episodes={cfg.eval_episodes}"
+               f"'seeds={list(cfg.seeds)}' 'delay_steps={list(cfg.delay_steps)}' eval_episodes={cfg.eval_episodes}"
                + "".join(f" {o}" for o in non_default_settings(cfg)))
     return (
         f"# Latency sweep — `{cfg.env.name}`\n\n"
