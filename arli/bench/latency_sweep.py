@@ -182,6 +182,18 @@ def verdict_markdown(checks: list[dict], budget: int) -> str:
 
 
 def plot(cells: list[dict], path: str, title: str) -> None:
+    """Success vs delay per variant; with one or two delays (a d = 4 sweep and its zero-delay
+    references) a bar per (variant, delay) says more than lines with one point."""
+    delays = sorted({c["delay_steps"] for c in cells})
+    if len(delays) <= 2:
+        with success_plot(path, title, "", "success rate (mean ± std over seeds)", figsize=(8, 4.5),
+                          legend_size=8) as ax:
+            for d in delays:
+                pts = [(i, c["success_mean"], c["success_std"]) for i, c in enumerate(cells) if c["delay_steps"] == d]
+                x, y, e = zip(*pts)
+                ax.bar(x, y, yerr=e, capsize=3, label=f"d = {d}")
+            ax.set_xticks(range(len(cells)), [c["variant"] for c in cells], rotation=40, ha="right", fontsize=8)
+        return
     with success_plot(path, title, "delay_steps d (dt = 50 ms)", "success rate (mean ± std over seeds)",
                       figsize=(7, 4.5), legend_size=8) as ax:
         for variant in dict.fromkeys(c["variant"] for c in cells):
