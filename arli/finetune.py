@@ -98,8 +98,8 @@ class Finetuner:
         return len(self.anchor)
 
     def prepare(self, progress: bool = False) -> dict[str, float]:
-        """Before online learning: anchor episodes by the intervener, then anchor pretraining
-        of the residual actor (``learner.pretrain_updates`` BC steps on anchor replay)."""
+        """Before online learning: demonstration episodes into anchor replay, then anchor
+        pretraining of the residual actor (``learner.pretrain_updates`` BC steps on it)."""
         transitions = self.collect_anchor()
         loss = self.learner.pretrain_actor(self.anchor, self.spec.learner.pretrain_updates, progress)
         return {"anchor_transitions": transitions, "pretrain_loss": loss}
