@@ -203,6 +203,19 @@ class ChunkScheduler:
         self.previous, self.active, self.switch_step = self.active, chunk, step
         return True
 
+    def cancel(self) -> None:
+        """Give up the in-flight request (timed out, or never sent): the next step may
+        request again; a late reply to it is then ignored by ``deliver``."""
+        if self.in_flight is not None:
+            self.next_request_step = self.in_flight.request.t0
+        self.in_flight = None
+
+    def abort(self) -> None:
+        """The inference server is gone: drop the in-flight request and the active chunk.
+        The robot holds from this step until a new chunk lands (requested at once)."""
+        self.in_flight = self.active = self.previous = None
+        self.next_request_step = 0
+
     # -- execution ---------------------------------------------------------------------
     def _chunk_action(self, chunk: ActionChunk | None, step: int) -> np.ndarray | None:
         if chunk is None:

@@ -18,7 +18,7 @@ from arli.rl.collect import Intervention, ResidualController
 from arli.rl.config import InterventionSpec, RunSpec
 from arli.rl.learner import LearnerDiverged, ResidualLearner
 from arli.rl.replay import DEMO, ReplayBuffer
-from arli.rollout import async_horizon, evaluate_policy, gripper_hold, run_episode
+from arli.rollout import async_horizon, evaluate_policy, gripper_hold, planning_delay, run_episode
 
 def q_vs_return(learner: ResidualLearner, trace: list[list[tuple]], gamma: float) -> dict[str, float]:
     """Mean critic value Q(s_t, a_t) and mean discounted Monte-Carlo return G_t over every
@@ -48,12 +48,13 @@ class Finetuner:
                  obs_mean: np.ndarray | None = None, obs_std: np.ndarray | None = None):
         self.spec, self.env, self.base, self.expert, self.latency = spec, env, base_policy, expert, latency
         dt = float(env.unwrapped.dt)
-        self.max_delay = to_delay_steps(latency.max_latency(), dt)
         H, m = base_policy.chunk_size, env.action_space.shape[0]
+        self.max_delay = planning_delay(latency, dt, H)
         self.horizon = async_horizon(spec.execute_horizon, H, self.max_delay)
         self.scheduler = ChunkScheduler(H, self.horizon, m, "async", spec.strategy, self.max_delay,
                                         hold=gripper_hold(m),
-                                        min_delay_steps=to_delay_steps(latency.min_latency(), dt))
+                                        min_delay_steps=min(to_delay_steps(latency.min_latency(), dt),
+                                                            self.max_delay))
         n = env.observation_space["state"].shape[0]
         episode_steps = int(getattr(env.unwrapped, "max_episode_steps", 1000))
         self.builder = StateBuilder(spec.variant, n, m, H, episode_steps, obs_mean=obs_mean, obs_std=obs_std)

@@ -2,12 +2,11 @@
 
 The policy is queried at the request step ``t0`` with ``o_t0``; its chunk is handed to the
 scheduler ``d`` control steps later, exactly as if inference had taken ``d * dt`` seconds.
+The loop itself is the robot runtime's (``arli.runtime.loop``); this module wires it to a
+gym env and an in-process policy, and evaluates success per (strategy, latency) cell.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -15,27 +14,12 @@ from tqdm import tqdm
 
 from arli.chunking import ChunkScheduler, make_hold
 from arli.latency import LatencyModel, to_delay_steps
-from arli.types import Observation, StepInfo
-
-
-class ChunkPolicy(Protocol):
-    chunk_size: int
-
-    def predict_actions(self, state: np.ndarray, committed_prefix: np.ndarray | None = None,
-                        delay_steps: int | None = None, image: np.ndarray | None = None,
-                        guidance: np.ndarray | None = None) -> np.ndarray:
-        """state (n,) -> actions (H, m); the committed prefix fills slots 0..d-1."""
-
-    def reset(self, seed: int | None = None) -> None: ...
-
-
-@dataclass
-class EpisodeResult:
-    success: bool
-    steps: int
-    requests: int
-    starved_steps: int
-    delays: list[int] = field(default_factory=list)
+from arli.policies.base import BasePolicy
+from arli.runtime.clock import SimClock
+from arli.runtime.inference import SimInference
+from arli.runtime.loop import EpisodeResult, StepController
+from arli.runtime.loop import run_episode as runtime_episode
+from robot_drivers.sim import SimDriver
 
 
 def gripper_hold(action_dim: int = 5):
@@ -43,70 +27,27 @@ def gripper_hold(action_dim: int = 5):
     return make_hold(action_dim, absolute_dims=(action_dim - 1,))
 
 
-class StepController:
-    """Decides the executed action and sees the outcome of every step of ``run_episode``.
-
-    The default executes the base action; the residual learner and the intervener
-    override ``act`` and collect transitions in ``after_step`` / ``end``.
-    """
-
-    def begin_episode(self) -> None:
-        """A new episode starts (called by ``run_episode`` before its first step)."""
-
-    def act(self, t: int, obs: dict, info: StepInfo) -> np.ndarray:
-        return info.base_action
-
-    def after_step(self, t: int, reward: float, terminated: bool, truncated: bool) -> None:
-        """Outcome of the action chosen by ``act`` at step t."""
-
-    def end(self, obs: dict, info: StepInfo, terminated: bool, truncated: bool) -> None:
-        """Episode over: the final observation and what the scheduler would do next."""
-
-
 def run_episode(
     env: gym.Env,
-    policy: ChunkPolicy,
+    policy: BasePolicy,
     scheduler: ChunkScheduler,
     latency: LatencyModel,
     rng: np.random.Generator,
     seed: int,
     controller: StepController | None = None,
 ) -> EpisodeResult:
-    """One episode with the base policy's chunks under sim-time latency."""
-    ctl = controller or StepController()
-    dt = float(getattr(env.unwrapped, "dt", 0.05))
-    obs, info = env.reset(seed=seed)
-    policy.reset(seed)
-    scheduler.reset()
-    ctl.begin_episode()
-    pending: list[tuple[int, int, np.ndarray]] = []  # (arrival step, request id, actions)
-    delays: list[int] = []
-    t = 0
-    terminated = truncated = False
+    """One episode of the runtime loop in sim time: ``env`` behind ``SimDriver``, the policy
+    behind ``SimInference`` (replies delayed by ``latency`` draws from ``rng``)."""
+    driver = SimDriver(env)
+    inference = SimInference(policy, latency, rng, driver.dt)
+    return runtime_episode(driver, inference, scheduler, SimClock(driver.dt), seed, controller)
 
-    def land(step: int) -> None:
-        for item in [p for p in pending if p[0] <= step]:
-            pending.remove(item)
-            scheduler.deliver(item[1], item[2], step)
 
-    while not (terminated or truncated):
-        land(t)  # chunks that arrived during the last period switch in first
-        if scheduler.should_request(t):
-            d = to_delay_steps(latency.sample(rng), dt)
-            req = scheduler.make_request(Observation(obs["state"], t, t * dt), t, d)
-            actions = policy.predict_actions(obs["state"], req.committed_prefix, d,
-                                             obs.get("image"), req.guidance)
-            pending.append((t + d, req.request_id, actions))
-            delays.append(d)
-            land(t)  # d = 0: available before this step runs
-        step_info = scheduler.step(t)
-        action = ctl.act(t, obs, step_info)
-        obs, reward, terminated, truncated, info = env.step(action)
-        ctl.after_step(t, float(reward), terminated, truncated)
-        t += 1
-    land(t)
-    ctl.end(obs, scheduler.peek(t), terminated, truncated)
-    return EpisodeResult(bool(info["is_success"]), t, len(delays), scheduler.starved_steps, delays)
+def planning_delay(latency: LatencyModel, dt: float, chunk_size: int) -> int:
+    """The delay (steps) the scheduler plans for: the model's maximum, capped at H // 2 so a
+    long-tailed model (a recorded trace with a spike) still runs. Longer delays are spikes:
+    the runtime holds through them and counts them (``EpisodeResult.spikes``)."""
+    return min(to_delay_steps(latency.max_latency(), dt), chunk_size // 2)
 
 
 CELL_STRATEGIES = ("sync", "naive", "blend", "rtc")  # "sync" = synchronous execution
@@ -119,7 +60,7 @@ def async_horizon(execute_horizon: int, chunk_size: int, max_delay: int) -> int:
 
 def evaluate_policy(
     env: gym.Env,
-    policy: ChunkPolicy,
+    policy: BasePolicy,
     strategy: str,
     latency: LatencyModel,
     episodes: int,
@@ -137,8 +78,9 @@ def evaluate_policy(
     if strategy not in CELL_STRATEGIES:
         raise ValueError(f"strategy must be one of {CELL_STRATEGIES}, got {strategy!r}")
     dt = float(getattr(env.unwrapped, "dt", 0.05))
-    max_delay = to_delay_steps(latency.max_latency(), dt)
     H = policy.chunk_size
+    true_max = to_delay_steps(latency.max_latency(), dt)
+    max_delay = true_max if strategy == "sync" else planning_delay(latency, dt, H)
     mode = "sync" if strategy == "sync" else "async"
     horizon = execute_horizon if mode == "sync" else async_horizon(execute_horizon, H, max_delay)
     scheduler = ChunkScheduler(H, horizon, env.action_space.shape[0], mode,
@@ -150,7 +92,7 @@ def evaluate_policy(
                for i in range(episodes)]
     return {
         "mode": mode, "strategy": strategy if mode == "async" else "none",
-        "delay_steps": max_delay, "execute_horizon": horizon,
+        "delay_steps": true_max, "latency_spikes": int(sum(r.spikes for r in results)), "execute_horizon": horizon,
         "success": float(np.mean([r.success for r in results])), "episodes": len(results),
         "mean_steps": float(np.mean([r.steps for r in results])),
         "mean_delay_steps": float(np.mean([np.mean(r.delays) for r in results])),
@@ -160,7 +102,7 @@ def evaluate_policy(
 
 def sweep(
     env: gym.Env,
-    policy: ChunkPolicy,
+    policy: BasePolicy,
     strategies: list[str],
     latencies: list[LatencyModel],
     episodes: int,

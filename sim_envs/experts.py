@@ -11,7 +11,6 @@ from typing import Protocol
 
 import numpy as np
 
-from arli.policies.base import BasePolicy
 from sim_envs.franka import CartesianLimits
 from sim_envs.peg_insert import HOLE_HALF, PEG_HALF_LEN, RIM_HEIGHT
 
@@ -160,35 +159,3 @@ def predict_state(task: str, state: np.ndarray, action: np.ndarray, dt: float = 
         rel, fixed = lay.rel_to_fixed
         s[rel] = s[lay.obj] - s[fixed]
     return s
-
-
-class ExpertChunkPolicy(BasePolicy):
-    """Chunk policy that plans H actions open-loop by rolling the expert on predicted states.
-
-    With a committed prefix (RTC) it plans from the state predicted after the prefix and
-    returns the prefix in slots 0..d-1, so the chunk is consistent with what executes.
-    """
-
-    def __init__(self, task: str, chunk_size: int, action_dim: int = 5):
-        if task not in EXPERTS:
-            raise ValueError(f"no scripted expert for task {task!r}; choose from {sorted(EXPERTS)}")
-        self.task, self.chunk_size, self.action_dim = task, chunk_size, action_dim
-        self.expert = EXPERTS[task]
-
-    def reset(self, seed: int | None = None) -> None:
-        """Stateless."""
-
-    def predict_actions(self, state: np.ndarray, committed_prefix: np.ndarray | None = None,
-                        delay_steps: int | None = None, image: np.ndarray | None = None,
-                        guidance: np.ndarray | None = None) -> np.ndarray:
-        """state (n,) -> actions (H, 5)."""
-        s = np.asarray(state, dtype=np.float64)
-        out = []
-        for a in (committed_prefix if committed_prefix is not None else [])[: self.chunk_size]:
-            out.append(np.asarray(a, np.float32))
-            s = predict_state(self.task, s, a)
-        while len(out) < self.chunk_size:
-            a = self.expert(s)
-            out.append(a)
-            s = predict_state(self.task, s, a)
-        return np.stack(out).astype(np.float32)

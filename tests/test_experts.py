@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from sim_envs import make_env
-from sim_envs.experts import EXPERTS, ExpertChunkPolicy
+from arli.policies.expert import ExpertChunkPolicy
+from sim_envs.experts import EXPERTS
 
 
 @pytest.mark.parametrize("name", ["pick_cube", "peg_insert"])

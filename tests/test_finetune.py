@@ -15,7 +15,8 @@ from arli.latency import FixedLatency
 from arli.rl.config import InterventionSpec, LearnerConfig, RunSpec
 from arli.rl.replay import DEMO, INTERVENTION, ONLINE
 from sim_envs import make_env
-from sim_envs.experts import EXPERTS, ExpertChunkPolicy
+from arli.policies.expert import ExpertChunkPolicy
+from sim_envs.experts import EXPERTS
 
 TINY = LearnerConfig(batch_size=32, hidden=32, critic_hidden=32, critic_heads=2, critic_warmup_updates=20,
                      pretrain_updates=30, buffer_size=20_000)

@@ -16,7 +16,7 @@ import numpy as np
 from arli.chunking import ChunkScheduler
 from arli.latency import FixedLatency
 from arli.rollout import StepController, async_horizon, gripper_hold, run_episode
-from arli.types import StepInfo
+from arli.types import Observation, StepInfo
 
 
 @dataclass
@@ -47,8 +47,8 @@ class Tracer(StepController):
         self._last_action: np.ndarray | None = None
         self._last_chunk = -1
 
-    def act(self, t: int, obs: dict, info: StepInfo) -> np.ndarray:
-        ep, state, action = self.episodes[-1], obs["state"], info.base_action
+    def act(self, t: int, obs: Observation, info: StepInfo) -> np.ndarray:
+        ep, state, action = self.episodes[-1], obs.state, info.base_action
         ep.expert_gap.append(float(np.max(np.abs(action - self.expert(state)))))
         if self._last_action is not None:
             jump = float(np.max(np.abs(action[:3] - self._last_action[:3])))

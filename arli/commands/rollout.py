@@ -10,7 +10,7 @@ from arli.config import RolloutConfig
 from arli.latency import FixedLatency, latency_from_config
 from arli.rollout import cells_markdown, sweep
 from sim_envs import make_env, task_name
-from sim_envs.experts import ExpertChunkPolicy
+from arli.policies.expert import ExpertChunkPolicy
 
 
 def main(cfg: RolloutConfig) -> int:

@@ -1,5 +1,6 @@
-"""The one base-policy interface shared by the built-in flow policy, the LeRobot adapter and
-the scripted expert's chunker (and, later, the inference server and its client)."""
+"""The one base-policy interface: the built-in flow policy, the LeRobot adapter, the scripted
+expert's chunker and the inference server's remote client all implement it; the runtime,
+the benchmarks and the inference server only ever see ``BasePolicy``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ class BasePolicy(abc.ABC):
 
     chunk_size: int
     action_dim: int
+    n_obs_steps: int = 1  # observations per request (history-based policies: > 1)
 
     @abc.abstractmethod
     def predict_actions(self, state: np.ndarray, committed_prefix: np.ndarray | None = None,
@@ -29,6 +31,11 @@ class BasePolicy(abc.ABC):
 
     def reset(self, seed: int | None = None) -> None:
         """Start of an episode (clears histories; seeds sampling)."""
+
+    def set_history(self, frames: list[tuple[np.ndarray, np.ndarray | None]]) -> None:
+        """The ``n_obs_steps - 1`` control steps before the request, oldest first, as
+        (state (n,), image (h, w, 3) | None). The runtime keeps them per control step, so a
+        history-based policy sees consecutive steps, not consecutive requests. Default: unused."""
 
     def predict_chunk(self, observation: Observation, committed_prefix: np.ndarray | None = None,
                       delay_steps: int | None = None) -> ActionChunk:

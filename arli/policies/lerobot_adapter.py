@@ -42,11 +42,24 @@ class LeRobotPolicyAdapter(BasePolicy):
         self.n_obs_steps = int(getattr(cfg, "n_obs_steps", 1) or 1)
         # actions per chunk the policy is meant to execute (LeRobot's n_action_steps)
         self.chunk_size = int(getattr(cfg, "n_action_steps", None) or getattr(cfg, "chunk_size"))
+        self._history = None
 
     def reset(self, seed: int | None = None) -> None:
         self.policy.reset()  # clears the observation history of history-based policies
+        self._history: list[tuple[np.ndarray, np.ndarray | None]] | None = None
         if seed is not None:
             torch.manual_seed(seed)
+
+    def set_history(self, frames: list[tuple[np.ndarray, np.ndarray | None]]) -> None:
+        """The control steps before the next request (oldest first): a history-based
+        policy's queue is rebuilt from them, so its n_obs_steps frames are consecutive
+        control steps whatever the request period."""
+        self._history = list(frames)
+
+    def _observations(self, state: np.ndarray, image: np.ndarray | None) -> dict:
+        processed = self.pre(self._batch(state, image))
+        # the processor pipeline adds transition keys (action, reward, ...): keep observations
+        return {k: v for k, v in processed.items() if k.startswith("observation.") or k == "task"}
 
     def _batch(self, state: np.ndarray, image: np.ndarray | None) -> dict:
         state = np.asarray(state, np.float32)
@@ -67,14 +80,19 @@ class LeRobotPolicyAdapter(BasePolicy):
                         guidance: np.ndarray | None = None) -> np.ndarray:
         """(n,) -> (H, m). The committed prefix is written into the first slots (LeRobot
         policies have no prefix conditioning of their own)."""
-        processed = self.pre(self._batch(state, image))
-        # the processor pipeline adds transition keys (action, reward, ...): keep observations
-        batch = {k: v for k, v in processed.items() if k.startswith("observation.") or k == "task"}
+        batch = self._observations(state, image)
         if hasattr(self.policy, "_queues"):
             # History-based policies (Diffusion) read the last n_obs_steps observations from
             # their queues; the first call fills them with copies (LeRobot's convention).
             from lerobot.policies.utils import populate_queues  # noqa: PLC0415
 
+            history = getattr(self, "_history", None)
+            if history is not None:  # the runtime's per-step frames replace the per-call queue
+                self.policy.reset()
+                for past_state, past_image in history:
+                    self.policy._queues = populate_queues(self.policy._queues,
+                                                          self._observations(past_state, past_image),
+                                                          exclude_keys=["action"])
             self.policy._queues = populate_queues(self.policy._queues, batch, exclude_keys=["action"])
         chunk = self.policy.predict_action_chunk(batch)  # (1, >= H, m), normalised
         actions = self.post(chunk)[0].cpu().numpy().astype(np.float32)

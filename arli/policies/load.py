@@ -15,7 +15,7 @@ def load_base_policy(path: str, task: str = "", env_name: str = "", chunk_size: 
     """
     if path == EXPERT:
         from sim_envs import task_name  # noqa: PLC0415
-        from sim_envs.experts import ExpertChunkPolicy  # noqa: PLC0415
+        from arli.policies.expert import ExpertChunkPolicy  # noqa: PLC0415
 
         return ExpertChunkPolicy(task_name(env_name), chunk_size)
     cfg_path = os.path.join(path, "config.json")

@@ -13,8 +13,8 @@ from arli.augment import StateBuilder
 from arli.rl.config import InterventionSpec
 from arli.rl.learner import ResidualLearner
 from arli.rl.replay import INTERVENTION, ONLINE, NStepAccumulator, ReplayBuffer
-from arli.rollout import StepController
-from arli.types import StepInfo
+from arli.runtime.loop import StepController
+from arli.types import Observation, StepInfo
 
 DIAGNOSTICS_EVERY = 250  # updates between measured ones (TD error per source, grad norms)
 Expert = Callable[[np.ndarray], np.ndarray]
@@ -103,10 +103,10 @@ class ResidualController(StepController):
         cap = self.intervention.spec.max_steps if self.intervention is not None else 0
         return self.intervention is not None and (cap == 0 or self.intervened_steps < cap)
 
-    def act(self, t: int, obs: dict, info: StepInfo) -> np.ndarray:
-        state = self.builder.build(obs["state"], info)
+    def act(self, t: int, obs: Observation, info: StepInfo) -> np.ndarray:
+        state = self.builder.build(obs.state, info)
         action = self.learner.act(state, info.base_action, explore=self.train)
-        takeover = self.intervention.decide(t, obs["state"], action) if self._may_intervene() else None
+        takeover = self.intervention.decide(t, obs.state, action) if self._may_intervene() else None
         source = self.source if takeover is not None else ONLINE
         if takeover is not None:
             action = takeover
@@ -131,11 +131,11 @@ class ResidualController(StepController):
                     measure = self.learner.updates % DIAGNOSTICS_EVERY == 0
                     self.last_stats.update(self.learner.update(self.online, self.anchor, diagnostics=measure))
 
-    def end(self, obs: dict, info: StepInfo, terminated: bool, truncated: bool) -> None:
+    def end(self, obs: Observation, info: StepInfo, terminated: bool, truncated: bool) -> None:
         # the state carries the episode's progress, so the time limit is part of the MDP: a
         # truncated episode has no value beyond its last step (no bootstrap through it)
         if self._pending is not None:
-            self._complete(self.builder.build(obs["state"], info), info.base_action, terminated or truncated)
+            self._complete(self.builder.build(obs.state, info), info.base_action, terminated or truncated)
 
     def _complete(self, next_state, next_base, terminated: bool) -> None:
         state, base, action, reward, source = self._pending

@@ -1,0 +1,1 @@
+"""Robot runtime (one control loop), inference server and learner service."""

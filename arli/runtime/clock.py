@@ -1,0 +1,62 @@
+"""Control-loop clocks: sim time (instant, deterministic) or a monotonic wall clock."""
+
+from __future__ import annotations
+
+import time
+
+
+class SimClock:
+    """Step t happens at t * dt; waiting costs nothing."""
+
+    realtime = False
+
+    def __init__(self, dt: float):
+        self.dt = dt
+
+    def start(self) -> None:
+        """Nothing to align."""
+
+    def wait(self, step: int) -> None:
+        """Sim time: step ``step`` is due now."""
+
+    def now(self, step: int | None = None) -> float:
+        return 0.0 if step is None else step * self.dt
+
+
+class MonotonicClock:
+    """Fixed-rate ticks at ``start + t * dt`` on ``time.monotonic``-like ``perf_counter``.
+
+    ``wait`` sleeps until the tick (coarse sleep, then a short spin for the last
+    ``spin_s``) and records the timing error (actual - scheduled, s) of every tick. A loop
+    that overruns a tick does not try to catch up by running steps back to back: the
+    schedule is re-anchored so that later ticks keep their period.
+    """
+
+    realtime = True
+
+    def __init__(self, dt: float, spin_s: float = 0.002):
+        self.dt, self.spin_s = dt, spin_s
+        self.t_start = time.perf_counter()
+        self.errors: list[float] = []
+        self.overruns = 0
+
+    def start(self) -> None:
+        self.t_start = time.perf_counter()
+        self._offset = 0
+
+    def wait(self, step: int) -> None:
+        target = self.t_start + (step + getattr(self, "_offset", 0)) * self.dt
+        now = time.perf_counter()
+        if now > target + self.dt:  # overran a whole period: re-anchor, count it
+            self.overruns += 1
+            self._offset = getattr(self, "_offset", 0) + int((now - target) // self.dt)
+            target = self.t_start + (step + self._offset) * self.dt
+        remaining = target - now
+        if remaining > self.spin_s:
+            time.sleep(remaining - self.spin_s)
+        while time.perf_counter() < target:
+            pass
+        self.errors.append(time.perf_counter() - target)
+
+    def now(self, step: int | None = None) -> float:
+        return time.perf_counter()

@@ -1,0 +1,216 @@
+"""Wire codec: msgpack maps with raw numpy buffers, versioned, schema-checked on receipt.
+
+A message is one msgpack map ``{"v": PROTOCOL_VERSION, "kind": <str>, ...fields}``. Arrays
+travel as msgpack extension type ``NDARRAY_EXT``: a small msgpack header ``[dtype, shape]``
+followed by the array's raw C-order bytes — zero pickling, zero code execution on decode,
+and only dtypes from ``DTYPES``. ``decode`` checks, in this order: the frame size, that it
+parses, the version, the kind, then every field against ``SCHEMAS[kind]``; any failure is a
+``ProtocolError`` whose ``code`` says which (``too_large``, ``malformed``, ``version``,
+``unknown_kind``, ``schema``) and whose message names the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+PROTOCOL_VERSION = 1
+NDARRAY_EXT = 1
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # default frame limit (two 224x224x3 images are 0.3 MB)
+MAX_NDIM = 6
+DTYPES = ("float32", "float64", "uint8", "int32", "int64", "bool")
+ERROR_CODES = ("too_large", "malformed", "version", "unknown_kind", "schema", "policy", "busy", "internal")
+
+
+class ProtocolError(ValueError):
+    """A message that cannot be accepted; ``code`` is one of ERROR_CODES."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"[{code}] {message}")
+        self.code, self.detail = code, message
+
+
+# -- arrays ----------------------------------------------------------------------------------
+def _pack_array(arr: np.ndarray) -> msgpack.ExtType:
+    if arr.dtype.name not in DTYPES:
+        raise TypeError(f"cannot send arrays of dtype {arr.dtype}; allowed: {DTYPES}")
+    arr = np.ascontiguousarray(arr)
+    header = msgpack.packb([arr.dtype.name, list(arr.shape)])
+    return msgpack.ExtType(NDARRAY_EXT, header + arr.tobytes())
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return _pack_array(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot encode {type(obj).__name__}; send numbers, strings, bytes, lists, "
+                    "dicts or numpy arrays")
+
+
+def _ext_hook(code: int, data: bytes) -> np.ndarray:
+    if code != NDARRAY_EXT:
+        raise ProtocolError("malformed", f"unknown extension type {code}")
+    unpacker = msgpack.Unpacker(max_buffer_size=len(data), max_array_len=MAX_NDIM + 2,
+                                max_str_len=16, max_bin_len=0, max_map_len=0, max_ext_len=0)
+    unpacker.feed(data)
+    try:
+        header = unpacker.unpack()
+    except Exception as exc:  # any parse failure of the header is the sender's fault
+        raise ProtocolError("malformed", f"bad array header: {exc}") from None
+    offset = unpacker.tell()
+    if not (isinstance(header, list) and len(header) == 2 and isinstance(header[0], str)
+            and isinstance(header[1], list)):
+        raise ProtocolError("malformed", "array header must be [dtype, shape]")
+    dtype, shape = header
+    if dtype not in DTYPES:
+        raise ProtocolError("malformed", f"array dtype {dtype!r} not allowed; allowed: {DTYPES}")
+    if len(shape) > MAX_NDIM or not all(isinstance(s, int) and 0 <= s < 2**31 for s in shape):
+        raise ProtocolError("malformed", f"bad array shape {shape!r}")
+    expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    if expected != len(data) - offset:
+        raise ProtocolError("malformed", f"array of shape {shape} {dtype} needs {expected} bytes, "
+                            f"got {len(data) - offset}")
+    return np.frombuffer(data, dtype=dtype, offset=offset).reshape(shape)
+
+
+# -- schemas ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Field:
+    """One field's type: ``kind`` in {int, float, str, bool, bytes, array, dict, list, any};
+    arrays may fix ``ndim`` and ``dtype`` (``float`` accepts float32/float64)."""
+
+    kind: str
+    required: bool = True
+    ndim: int | None = None
+    dtype: str | None = None
+    nullable: bool = False
+
+
+_PY = {"int": int, "str": str, "bool": bool, "bytes": bytes, "dict": dict, "list": list}
+
+SCHEMAS: dict[str, dict[str, Field]] = {
+    # inference: robot <-> server
+    "hello": {"role": Field("str"), "client": Field("dict", required=False)},
+    "hello_ok": {"meta": Field("dict")},
+    "ping": {"sent": Field("float")},
+    "pong": {"sent": Field("float"), "server_time": Field("float")},
+    "infer": {
+        "request_id": Field("int"), "t0": Field("int"), "capture_ts": Field("float"),
+        "state": Field("array", ndim=1, dtype="float"),
+        "images": Field("dict", required=False),  # name -> (h, w, 3) uint8
+        "history": Field("list", required=False),  # earlier control steps: [{state, images}]
+        "instruction": Field("str", required=False),
+        "delay_steps": Field("int"),
+        "committed_prefix": Field("array", ndim=2, dtype="float", required=False, nullable=True),
+        "guidance": Field("array", ndim=2, dtype="float", required=False, nullable=True),
+        "episode": Field("int", required=False),
+    },
+    "chunk": {"request_id": Field("int"), "actions": Field("array", ndim=2, dtype="float"),
+              "timing": Field("dict")},
+    "error": {"code": Field("str"), "message": Field("str"), "request_id": Field("int", required=False,
+                                                                                nullable=True)},
+    # learner <-> actors
+    "transitions": {"actor_id": Field("str"), "seq": Field("int"), "rows": Field("dict"),
+                    "episodes": Field("list", required=False)},
+    "ack": {"actor_id": Field("str"), "applied_seq": Field("int"), "durable_seq": Field("int")},
+    "weights": {"version": Field("int"), "arrays": Field("dict"), "meta": Field("dict", required=False)},
+}
+
+
+def _check(name: str, spec: Field, value: Any) -> None:
+    if value is None:
+        if spec.nullable:
+            return
+        raise ProtocolError("schema", f"field {name!r} must not be null")
+    k = spec.kind
+    if k == "any":
+        return
+    if k == "float":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif k == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif k == "array":
+        ok = isinstance(value, np.ndarray)
+        if ok and spec.ndim is not None and value.ndim != spec.ndim:
+            raise ProtocolError("schema", f"field {name!r} must be a {spec.ndim}-d array, got shape "
+                                f"{value.shape}")
+        if ok and spec.dtype == "float" and value.dtype.kind != "f":
+            raise ProtocolError("schema", f"field {name!r} must be a float array, got {value.dtype}")
+    else:
+        ok = isinstance(value, _PY[k])
+    if not ok:
+        raise ProtocolError("schema", f"field {name!r} must be {k}, got {type(value).__name__}")
+
+
+def validate(kind: str, fields: dict[str, Any]) -> None:
+    """Raise ProtocolError unless ``fields`` fit ``SCHEMAS[kind]`` (unknown fields refused)."""
+    schema = SCHEMAS.get(kind)
+    if schema is None:
+        raise ProtocolError("unknown_kind", f"unknown message kind {kind!r}; known: {sorted(SCHEMAS)}")
+    extra = set(fields) - set(schema)
+    if extra:
+        raise ProtocolError("schema", f"{kind}: unknown field(s) {sorted(extra)}; allowed: {sorted(schema)}")
+    for name, spec in schema.items():
+        if name in fields:
+            _check(name, spec, fields[name])
+        elif spec.required:
+            raise ProtocolError("schema", f"{kind}: missing field {name!r}")
+
+
+# -- messages --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Message:
+    kind: str
+    fields: dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.fields[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.fields.get(key, default)
+
+
+def encode(kind: str, check: bool = True, **fields: Any) -> bytes:
+    """One message frame. ``check`` validates against the schema first (the sender's bug is
+    caught at the sender)."""
+    if check:
+        validate(kind, fields)
+    return msgpack.packb({"v": PROTOCOL_VERSION, "kind": kind, **fields}, default=_default,
+                         use_bin_type=True)
+
+
+def decode(frame: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
+    """Parse and check one frame -> Message; every failure is a ProtocolError."""
+    if len(frame) > max_bytes:
+        raise ProtocolError("too_large", f"message of {len(frame)} bytes exceeds the limit of {max_bytes}")
+    try:
+        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, ext_hook=_ext_hook,
+                              max_buffer_size=max_bytes, use_list=True)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # msgpack raises several types (ExtraData, FormatError, ValueError, ...)
+        raise ProtocolError("malformed", f"not a msgpack message: {type(exc).__name__}: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("malformed", f"message must be a map, got {type(obj).__name__}")
+    version = obj.pop("v", None)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError("version", f"protocol version {version!r} not supported; this side speaks "
+                            f"{PROTOCOL_VERSION} (upgrade the older side)")
+    kind = obj.pop("kind", None)
+    if not isinstance(kind, str):
+        raise ProtocolError("malformed", "message has no 'kind' string")
+    validate(kind, obj)
+    return Message(kind, obj)
+
+
+def error_frame(exc: ProtocolError | str, message: str = "", request_id: int | None = None) -> bytes:
+    """An ``error`` reply for a ProtocolError (or a code + message)."""
+    if isinstance(exc, ProtocolError):
+        code, message = exc.code, exc.detail
+    else:
+        code = exc
+    return encode("error", code=code, message=message[:2000], request_id=request_id)
