@@ -342,3 +342,134 @@ def validate_bench_learner(cfg: BenchLearnerConfig) -> None:
 
 
 SCHEMAS["bench_learner"] = (BenchLearnerConfig, validate_bench_learner)
+
+
+# -- pipeline: server, learner, actors as processes (arli serve / learner / actor / launch) --
+@dataclass
+class CurveSettings:
+    enabled: bool = False  # CurveZMQ encryption + client authentication
+    keys_dir: str = "keys"  # written by `arli keys`
+
+
+@dataclass
+class TransportConfig:
+    """Where each service listens (bind side uses the port with ``tcp://*``)."""
+
+    server: str = "tcp://127.0.0.1:5555"  # inference server (robot -> GPU machine)
+    learner: str = "tcp://127.0.0.1:5556"  # transitions (robot -> workstation)
+    weights: str = "tcp://127.0.0.1:5557"  # weights (workstation -> robots)
+    curve: CurveSettings = field(default_factory=CurveSettings)
+
+
+def bind_address(address: str) -> str:
+    """tcp://host:port -> tcp://*:port (what a service binds)."""
+    if address.startswith("tcp://"):
+        return "tcp://*:" + address.rsplit(":", 1)[1]
+    return address
+
+
+@dataclass
+class ServeConfig:
+    """``arli serve``: a base policy behind ZeroMQ for any number of robots."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    checkpoint: str = "checkpoints/base_${env.name}"  # built-in flow, LeRobot dir, or "expert"
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    min_latency_s: float = 0.0  # pad replies (emulate a slower VLA); 0 = as fast as it runs
+    max_seconds: float = 0.0  # 0 = serve until interrupted
+
+
+@dataclass
+class ActorConfig:
+    """``arli actor``: the robot runtime (sim driver here) against a server and a learner."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    actor_id: str = "actor0"
+    execute_horizon: int = 8
+    strategy: str = "naive"
+    planned_delay_steps: int = 4  # the scheduler's bound on d; longer replies are spikes
+    min_delay_steps: int = 0  # a reply never lands earlier (server's min_latency_s / dt)
+    max_episodes: int = 0  # 0 = until the learner is done
+    seed: int = 0
+    weights_timeout_s: float = 300.0
+    output_dir: str = "outputs/actor_${actor_id}"  # latency trace + stats
+
+
+@dataclass
+class LearnerServiceConfig(FinetuneConfig):
+    """``arli learner``: the finetuning learner as a service for a fleet of actors."""
+
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    publish_every: int = 50  # updates between weight broadcasts
+    checkpoint_every_s: float = 10.0
+
+
+@dataclass
+class LaunchConfig:
+    """``arli launch sim``: server + learner + N sim actors on this machine."""
+
+    actors: int = 2
+    env: EnvConfig = field(default_factory=EnvConfig)
+    env_steps: int = 5000
+    min_latency_s: float = 0.18  # server reply padding: d = 4 at dt = 0.05
+    base_port: int = 5555
+    output_dir: str = "outputs/launch"
+    extra_learner: list[str] = field(default_factory=list)  # more overrides for the learner
+
+
+@dataclass
+class KeysConfig:
+    """``arli keys``: CurveZMQ key pairs for servers and clients."""
+
+    dir: str = "keys"
+    clients: int = 1
+
+
+def validate_transport(cfg: TransportConfig) -> None:
+    for name in ("server", "learner", "weights"):
+        value = getattr(cfg, name)
+        _require(value.startswith(("tcp://", "ipc://", "inproc://")), f"transport.{name}",
+                 "a ZeroMQ address like tcp://host:port", value)
+
+
+def validate_serve(cfg: ServeConfig) -> None:
+    validate_env(cfg.env)
+    validate_transport(cfg.transport)
+    _require(cfg.min_latency_s >= 0, "min_latency_s", ">= 0", cfg.min_latency_s)
+
+
+def validate_actor(cfg: ActorConfig) -> None:
+    validate_env(cfg.env)
+    validate_transport(cfg.transport)
+    _require(cfg.strategy in ("naive", "blend", "rtc"), "strategy", "one of naive, blend, rtc", cfg.strategy)
+    _require(cfg.planned_delay_steps >= 0, "planned_delay_steps", ">= 0", cfg.planned_delay_steps)
+    _require(0 <= cfg.min_delay_steps <= cfg.planned_delay_steps, "min_delay_steps",
+             f"in [0, planned_delay_steps={cfg.planned_delay_steps}]", cfg.min_delay_steps)
+    _require(cfg.execute_horizon >= 1, "execute_horizon", ">= 1", cfg.execute_horizon)
+
+
+def validate_learner_service(cfg: LearnerServiceConfig) -> None:
+    validate_finetune(cfg)
+    validate_transport(cfg.transport)
+    _require(cfg.publish_every >= 1, "publish_every", ">= 1", cfg.publish_every)
+
+
+def validate_launch(cfg: LaunchConfig) -> None:
+    validate_env(cfg.env)
+    _require(cfg.actors >= 1, "actors", ">= 1", cfg.actors)
+    _require(cfg.env_steps >= 100, "env_steps", ">= 100", cfg.env_steps)
+
+
+def validate_keys(cfg: KeysConfig) -> None:
+    _require(cfg.clients >= 1, "clients", ">= 1", cfg.clients)
+
+
+SCHEMAS.update({
+    "serve": (ServeConfig, validate_serve),
+    "actor": (ActorConfig, validate_actor),
+    "learner": (LearnerServiceConfig, validate_learner_service),
+    "launch": (LaunchConfig, validate_launch),
+    "keys": (KeysConfig, validate_keys),
+})

@@ -104,3 +104,32 @@ class StepInfo:
     request_obs: Observation | None = None
     chunk_obs: Observation | None = None
     chunk_actions: np.ndarray | None = None
+
+
+TRANSITION_FIELDS = ("state", "base", "action", "ret", "next_state", "next_base", "discount", "source")
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One n-step transition, as stored in replay and sent from actor to learner.
+
+    state, next_state: (D,) ARLI states s_t, s_{t+k}; base, next_base: (m,) base actions
+    b_t, b_{t+k}; action: (m,) executed a_t; ret: sum_i gamma^i r_{t+i} over k <= n steps;
+    discount: gamma^k, 0 when the episode ended inside them; source: who chose a_t
+    (``arli.rl.replay.SOURCES`` index). Reads like a mapping (``tr["ret"]``, ``{**tr}``).
+    """
+
+    state: np.ndarray
+    base: np.ndarray
+    action: np.ndarray
+    ret: float
+    next_state: np.ndarray
+    next_base: np.ndarray
+    discount: float
+    source: int = 0
+
+    def keys(self) -> tuple[str, ...]:
+        return TRANSITION_FIELDS
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import gymnasium as gym
@@ -40,8 +41,12 @@ class SimDriver(RobotDriver):
         return self._obs
 
     def observe(self) -> Observation:
+        """The state after the last ``act``, stamped now (the sim stands still between
+        steps, so a capture at the control tick sees exactly that state)."""
         if self._obs is None:
             raise RuntimeError("observe() before reset()")
+        if self._now is not None:
+            self._obs = replace(self._obs, timestamp=self._now())
         return self._obs
 
     def act(self, action: np.ndarray) -> StepResult:

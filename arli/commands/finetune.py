@@ -35,14 +35,11 @@ def plot_curve(history: list[dict], base: float, path: str, title: str, start: f
         ax.axhline(base, color="gray", ls="--", label="base policy")
 
 
-def main(cfg: FinetuneConfig) -> int:
-    from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
-
+def make_finetuner(cfg: FinetuneConfig):
+    """The run's Finetuner (base policy trained first if missing) -> (ft, task name, delay)."""
     from arli.finetune import Finetuner  # noqa: PLC0415
-    from arli.rl.learner import LearnerDiverged  # noqa: PLC0415
     from arli.policies.load import load_base_policy  # noqa: PLC0415
 
-    start = time.time()
     name = task_name(cfg.env.name)
     if name not in EXPERTS and (cfg.anchor_episodes or cfg.regime == "hil"):
         raise ConfigError(f"env.name: {name} has no scripted expert for demonstrations or interventions; "
@@ -57,12 +54,21 @@ def main(cfg: FinetuneConfig) -> int:
     model = getattr(base, "model", None)  # built-in policy: reuse its state normalisation
     mean = model.state_mean.numpy() if model is not None else None
     std = model.state_std.numpy() if model is not None else None
+    return Finetuner(cfg, env, base, EXPERTS.get(name), latency, mean, std), name, delay
+
+
+def main(cfg: FinetuneConfig) -> int:
+    from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
+
+    from arli.rl.learner import LearnerDiverged  # noqa: PLC0415
+
+    start = time.time()
+    ft, name, delay = make_finetuner(cfg)
     run_dir = cfg.output_dir or os.path.join(
         "outputs", f"finetune_{name}_{cfg.variant}_d{delay}_{time.strftime('%Y%m%d_%H%M%S')}")
     os.makedirs(run_dir, exist_ok=True)
     OmegaConf.save(OmegaConf.structured(cfg), os.path.join(run_dir, "config.yaml"))
 
-    ft = Finetuner(cfg, env, base, EXPERTS.get(name), latency, mean, std)
     if cfg.resume:
         ft.load(cfg.resume)
         print(f"resumed {cfg.resume} at env step {ft.controller.env_steps}")

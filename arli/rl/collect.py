@@ -72,8 +72,9 @@ class ResidualController(StepController):
     def __init__(self, learner: ResidualLearner, builder: StateBuilder, online: ReplayBuffer | None = None,
                  anchor: ReplayBuffer | None = None, train: bool = False,
                  intervention: Intervention | None = None, rng: np.random.Generator | None = None,
-                 learn_after: int = 1000, trace: bool = False):
+                 learn_after: int = 1000, trace: bool = False, sink=None):
         self.learner, self.builder = learner, builder
+        self.sink = sink  # remote learner: transitions go there, no updates here
         self.online, self.anchor, self.train = online, anchor, train
         self.intervention = intervention
         self.rng = rng or np.random.default_rng(0)
@@ -126,7 +127,7 @@ class ResidualController(StepController):
             self.trace[-1].append((self._pending[0], self._pending[2], reward))
         if self.train:
             self.env_steps += 1
-            if len(self.online) + len(self.anchor) >= self.learn_after:
+            if self.sink is None and len(self.online) + len(self.anchor) >= self.learn_after:
                 for _ in range(self.learner.cfg.utd):
                     measure = self.learner.updates % DIAGNOSTICS_EVERY == 0
                     self.last_stats.update(self.learner.update(self.online, self.anchor, diagnostics=measure))
@@ -143,4 +144,7 @@ class ResidualController(StepController):
         if not self.train:
             return
         for tr in self.acc.push(state, base, action, reward, next_state, next_base, terminated, False, source):
-            (self.online if tr["source"] == ONLINE else self.anchor).add(tr)
+            if self.sink is not None:
+                self.sink.add(tr)
+            else:
+                (self.online if tr["source"] == ONLINE else self.anchor).add(tr)

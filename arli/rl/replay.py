@@ -13,9 +13,11 @@ from collections import deque
 import numpy as np
 import torch
 
+from arli.types import TRANSITION_FIELDS, Transition
+
 SOURCES = ("online", "demo", "intervention")
 ONLINE, DEMO, INTERVENTION = range(3)
-FIELDS = ("state", "base", "action", "ret", "next_state", "next_base", "discount", "source")
+FIELDS = TRANSITION_FIELDS
 
 
 class NStepAccumulator:
@@ -34,10 +36,10 @@ class NStepAccumulator:
         self._window: deque = deque()
 
     def push(self, state, base, action, reward: float, next_state, next_base,
-             terminated: bool, truncated: bool, source: int = ONLINE) -> list[dict]:
+             terminated: bool, truncated: bool, source: int = ONLINE) -> list[Transition]:
         """Add step t (its action chosen by ``source``); returns the n-step transitions that
         are complete now. ``truncated`` without ``terminated`` bootstraps."""
-        out: list[dict] = []
+        out: list[Transition] = []
         if self._window and self._window[0][4] != source:
             while self._window:  # actor changed at s_t: bootstrap the old window from s_t
                 out.append(self._emit(state, base, False))
@@ -49,13 +51,12 @@ class NStepAccumulator:
             out.append(self._emit(next_state, next_base, False))
         return out
 
-    def _emit(self, next_state, next_base, terminated: bool) -> dict:
+    def _emit(self, next_state, next_base, terminated: bool) -> Transition:
         k = len(self._window)
         ret = sum(self.gamma**i * step[3] for i, step in enumerate(self._window))
         state, base, action, _, source = self._window.popleft()
-        return {"state": state, "base": base, "action": action, "ret": ret,
-                "next_state": next_state, "next_base": next_base,
-                "discount": 0.0 if terminated else self.gamma**k, "source": source}
+        return Transition(state, base, action, ret, next_state, next_base,
+                          0.0 if terminated else self.gamma**k, source)
 
     def reset(self) -> None:
         self._window.clear()
@@ -85,12 +86,13 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return self.size
 
-    def add(self, transition: dict) -> None:
+    def add(self, transition: Transition | dict) -> None:
         """Store one n-step transition (``source`` defaults to ONLINE). A NaN/inf field
         rejects the whole transition before anything is written."""
         row = np.empty(self.rows.shape[1], np.float32)
         for key, col in self.columns.items():
-            value = np.asarray(transition.get(key, ONLINE) if key == "source" else transition[key], np.float32)
+            value = np.asarray(transition[key] if key != "source" or "source" in transition.keys()
+                               else ONLINE, np.float32)
             if not np.all(np.isfinite(value)):
                 raise ValueError(f"replay: transition field {key!r} has NaN/inf; not stored")
             row[col] = value
@@ -112,6 +114,28 @@ class ReplayBuffer:
 
     def sample(self, batch: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
         return self.fields(self.sample_rows(batch, generator))
+
+    def add_rows(self, rows: np.ndarray) -> int:
+        """Append (N, W) rows in this buffer's layout (a batch from an actor); rows with a
+        NaN/inf are skipped. Returns how many were stored."""
+        rows = np.asarray(rows, np.float32)
+        if rows.ndim != 2 or rows.shape[1] != self.rows.shape[1]:
+            raise ValueError(f"rows must have shape (N, {self.rows.shape[1]}), got {rows.shape}")
+        rows = rows[np.all(np.isfinite(rows), axis=1)]
+        for start in range(0, len(rows), self.capacity):
+            part = rows[start:start + self.capacity]
+            idx = (self.cursor + np.arange(len(part))) % self.capacity
+            self.rows[idx] = part
+            self.cursor = int((self.cursor + len(part)) % self.capacity)
+            self.size = min(self.size + len(part), self.capacity)
+        return len(rows)
+
+    def row(self, transition: Transition | dict) -> np.ndarray:
+        """One transition as a (W,) row of this layout."""
+        row = np.empty(self.rows.shape[1], np.float32)
+        for key, col in self.columns.items():
+            row[col] = np.asarray(transition[key], np.float32)
+        return row
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {**{f"data.{k}": v[: self.size] for k, v in self.data.items()},

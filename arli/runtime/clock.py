@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 
 class SimClock:
@@ -16,7 +17,7 @@ class SimClock:
     def start(self) -> None:
         """Nothing to align."""
 
-    def wait(self, step: int) -> None:
+    def wait(self, step: int, idle=None) -> None:
         """Sim time: step ``step`` is due now."""
 
     def now(self, step: int | None = None) -> float:
@@ -44,7 +45,9 @@ class MonotonicClock:
         self.t_start = time.perf_counter()
         self._offset = 0
 
-    def wait(self, step: int) -> None:
+    def wait(self, step: int, idle: Callable[[float], None] | None = None) -> None:
+        """Until tick ``step``; ``idle(timeout_s)`` is called with the time to spare (an
+        endpoint receives and timestamps replies in it) until the final spin."""
         target = self.t_start + (step + getattr(self, "_offset", 0)) * self.dt
         now = time.perf_counter()
         if now > target + self.dt:  # overran a whole period: re-anchor, count it
@@ -52,8 +55,12 @@ class MonotonicClock:
             self._offset = getattr(self, "_offset", 0) + int((now - target) // self.dt)
             target = self.t_start + (step + self._offset) * self.dt
         remaining = target - now
-        if remaining > self.spin_s:
-            time.sleep(remaining - self.spin_s)
+        while remaining > self.spin_s:
+            if idle is not None:
+                idle(remaining - self.spin_s)
+            else:
+                time.sleep(remaining - self.spin_s)
+            remaining = target - time.perf_counter()
         while time.perf_counter() < target:
             pass
         self.errors.append(time.perf_counter() - target)

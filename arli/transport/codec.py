@@ -114,7 +114,7 @@ SCHEMAS: dict[str, dict[str, Field]] = {
     "error": {"code": Field("str"), "message": Field("str"), "request_id": Field("int", required=False,
                                                                                 nullable=True)},
     # learner <-> actors
-    "transitions": {"actor_id": Field("str"), "seq": Field("int"), "rows": Field("dict"),
+    "transitions": {"actor_id": Field("str"), "seq": Field("int"), "rows": Field("array", ndim=2, dtype="float"),
                     "episodes": Field("list", required=False)},
     "ack": {"actor_id": Field("str"), "applied_seq": Field("int"), "durable_seq": Field("int")},
     "weights": {"version": Field("int"), "arrays": Field("dict"), "meta": Field("dict", required=False)},
@@ -189,7 +189,7 @@ def decode(frame: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
         raise ProtocolError("too_large", f"message of {len(frame)} bytes exceeds the limit of {max_bytes}")
     try:
         obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, ext_hook=_ext_hook,
-                              max_buffer_size=max_bytes, use_list=True)
+                              use_list=True)
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises several types (ExtraData, FormatError, ValueError, ...)

@@ -1,0 +1,211 @@
+"""``arli serve`` / ``arli learner`` / ``arli actor`` / ``arli launch sim`` / ``arli keys``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+from arli.config import (ActorConfig, KeysConfig, LaunchConfig, LearnerServiceConfig, ServeConfig,
+                         TransportConfig, bind_address)
+from arli.transport.zmq_io import CurveConfig, generate_keys
+
+
+def _curve(t: TransportConfig) -> CurveConfig:
+    return CurveConfig(t.curve.enabled, t.curve.keys_dir)
+
+
+def _logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S")
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def serve_main(cfg: ServeConfig) -> int:
+    from arli.commands.pretrain import ensure_base_policy  # noqa: PLC0415
+    from arli.policies.load import load_base_policy  # noqa: PLC0415
+    from arli.runtime.server import InferenceServer  # noqa: PLC0415
+    from sim_envs import make_env, task_name  # noqa: PLC0415
+
+    _logging()
+    name = task_name(cfg.env.name)
+    ensure_base_policy(cfg.checkpoint, cfg.pretrain, cfg.env)
+    instruction = make_env(name).unwrapped.instruction
+    policy = load_base_policy(cfg.checkpoint, instruction, name, cfg.pretrain.policy.chunk_size)
+    server = InferenceServer(policy, bind_address(cfg.transport.server), {"dt": cfg.env.dt, "task": name},
+                             cfg.min_latency_s, _curve(cfg.transport))
+    print(f"arli serve: {type(policy).__name__} from {cfg.checkpoint} on {bind_address(cfg.transport.server)}"
+          f" (min latency {cfg.min_latency_s * 1000:.0f} ms)", flush=True)
+    try:
+        server.serve(_stop_on_signals(), cfg.max_seconds or None)
+    finally:
+        server.close()
+    return 0
+
+
+def learner_main(cfg: LearnerServiceConfig) -> int:
+    from arli.commands.finetune import make_finetuner  # noqa: PLC0415
+    from arli.runtime.learner_service import LearnerService  # noqa: PLC0415
+
+    _logging()
+    import torch  # noqa: PLC0415
+
+    torch.set_num_threads(1)  # share the machine with the actors and the server
+    ft, name, delay = make_finetuner(cfg)
+    run_dir = cfg.output_dir or os.path.join("outputs", f"learner_{name}")
+    os.makedirs(run_dir, exist_ok=True)
+    service = LearnerService(ft, bind_address(cfg.transport.learner), bind_address(cfg.transport.weights),
+                             os.path.join(run_dir, "checkpoint"), cfg.env_steps, _curve(cfg.transport),
+                             cfg.publish_every, cfg.checkpoint_every_s)
+    if service.load():
+        print(f"arli learner: resumed {run_dir}/checkpoint at env step {service.env_steps}", flush=True)
+    else:
+        prep = ft.prepare()
+        print(f"arli learner: {prep['anchor_transitions']} anchor transitions, pretrain loss "
+              f"{prep['pretrain_loss']:.4f}", flush=True)
+        service.save()
+    service.publish()
+    last = [time.perf_counter()]
+
+    def progress(svc) -> None:
+        if time.perf_counter() - last[0] > 10:
+            last[0] = time.perf_counter()
+            recent = [e["success"] for e in svc.episodes[-20:]]
+            print(f"env steps {svc.env_steps}/{cfg.env_steps} updates {ft.learner.updates} "
+                  f"episodes {len(svc.episodes)} success(20) {np.mean(recent) if recent else 0:.2f} "
+                  f"actors {sorted(svc.applied)}", flush=True)
+
+    try:
+        service.run(progress=progress)
+    finally:
+        service.close()
+    final = ft.evaluate(cfg.final_eval_episodes)
+    summary = {"env": name, "variant": cfg.variant, "delay_steps": delay, "env_steps": service.env_steps,
+               "updates": ft.learner.updates, "finetuned_success": final["success"],
+               "eval_episodes": cfg.final_eval_episodes, "actors": sorted(service.applied),
+               "episodes": service.episodes, "duplicates_ignored": service.duplicates}
+    with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as fh:
+        json.dump(summary, fh, indent=1)
+    print(f"arli learner: done at env step {service.env_steps}; final eval (sim time, d={delay}) "
+          f"success {final['success']:.2f} over {cfg.final_eval_episodes} episodes -> {run_dir}/summary.json")
+    return 0
+
+
+def actor_main(cfg: ActorConfig) -> int:
+    from arli.rollout import async_horizon, gripper_hold  # noqa: PLC0415
+    from arli.runtime.actor import run_actor  # noqa: PLC0415
+    from arli.runtime.link import LearnerLink  # noqa: PLC0415
+    from arli.transport.inference_client import RemoteInference  # noqa: PLC0415
+    from robot_drivers.sim import SimDriver  # noqa: PLC0415
+    from sim_envs import make_env, task_name  # noqa: PLC0415
+
+    _logging()
+    env = make_env(task_name(cfg.env.name), dt=cfg.env.dt, max_episode_steps=cfg.env.max_episode_steps)
+    driver = SimDriver(env, now=time.perf_counter)
+    curve = _curve(cfg.transport)
+    inference = RemoteInference(cfg.transport.server, driver.dt, curve, cfg.planned_delay_steps,
+                                instruction=env.unwrapped.instruction)
+    meta = inference.connect(timeout_s=120)
+    H = inference.chunk_size
+    d = min(cfg.planned_delay_steps, H // 2)
+    chunking = {"execute_horizon": async_horizon(cfg.execute_horizon, H, d), "mode": "async",
+                "strategy": cfg.strategy, "max_delay_steps": d, "hold": gripper_hold(driver.action_dim),
+                "min_delay_steps": min(cfg.min_delay_steps, d)}
+    link = LearnerLink(cfg.actor_id, cfg.transport.learner, cfg.transport.weights, curve).start()
+    print(f"arli actor {cfg.actor_id}: server {meta['policy']} (H={H}), learner {cfg.transport.learner}", flush=True)
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    base_seed = 200_000 + 10_000 * (abs(hash(cfg.actor_id)) % 50) + 1000 * cfg.seed
+
+    def on_episode(stats, result, ctl) -> None:
+        print(f"{cfg.actor_id} episode {stats.episodes}: success {int(result.success)} steps {result.steps} "
+              f"delays {sorted(set(result.delays))} spikes {result.spikes} weights v{ctl.version}", flush=True)
+
+    stop = _stop_on_signals()
+    seeds = (base_seed + i for i in range(10**6) if not stop.is_set())
+    try:
+        stats, ctl = run_actor(driver, inference, link, chunking, seeds, cfg.weights_timeout_s,
+                               cfg.max_episodes or None, on_episode)
+        flushed = link.flush(timeout_s=15)
+    finally:
+        link.close()
+        inference.save_trace(os.path.join(cfg.output_dir, "latency_trace.json"))
+        inference.close()
+    residual = np.asarray(ctl.residual_s) * 1000
+    out = {"actor_id": cfg.actor_id, **vars(stats), "flushed": flushed, "dropped_rows": link.dropped_rows,
+           "latency_ms": {q: float(np.percentile(np.asarray(inference.latencies) * 1000, p))
+                          for q, p in (("p50", 50), ("p99", 99))} if inference.latencies else {},
+           "residual_p99_ms": float(np.percentile(residual, 99)) if len(residual) else None}
+    with open(os.path.join(cfg.output_dir, "stats.json"), "w", encoding="utf-8") as fh:
+        json.dump(out, fh, indent=1)
+    print(f"arli actor {cfg.actor_id}: {stats.episodes} episodes, success {stats.successes}/{stats.episodes}; "
+          f"latency trace in {cfg.output_dir}/latency_trace.json", flush=True)
+    return 0
+
+
+def launch_commands(cfg: LaunchConfig) -> dict[str, list[str]]:
+    """The processes of ``arli launch sim``: name -> argv."""
+    p = cfg.base_port
+    transport = [f"transport.server=tcp://127.0.0.1:{p}", f"transport.learner=tcp://127.0.0.1:{p + 1}",
+                 f"transport.weights=tcp://127.0.0.1:{p + 2}"]
+    env = [f"env={cfg.env.name}"] if cfg.env.name else []
+    arli = [sys.executable, "-m", "arli.cli"]
+    d_min = int(np.ceil(cfg.min_latency_s / cfg.env.dt - 1e-9))
+    cmds = {
+        "serve": arli + ["serve", *env, f"min_latency_s={cfg.min_latency_s}", *transport],
+        "learner": arli + ["learner", *env, f"env_steps={cfg.env_steps}", f"delay_steps={d_min}",
+                           f"output_dir={cfg.output_dir}/learner", *transport, *cfg.extra_learner],
+    }
+    for i in range(cfg.actors):
+        cmds[f"actor{i}"] = arli + ["actor", *env, f"actor_id=actor{i}", f"seed={i}",
+                                    f"planned_delay_steps={d_min}", f"min_delay_steps={d_min}",
+                                    f"output_dir={cfg.output_dir}/actor{i}", *transport]
+    return cmds
+
+
+def launch_main(cfg: LaunchConfig) -> int:
+    """Start server, learner and actors; wait for the learner; stop the rest."""
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    procs: dict[str, subprocess.Popen] = {}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    try:
+        for name, argv in launch_commands(cfg).items():
+            log = open(os.path.join(cfg.output_dir, f"{name}.log"), "w", encoding="utf-8")
+            procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+            print(f"started {name} (pid {procs[name].pid}): logs in {cfg.output_dir}/{name}.log", flush=True)
+        rc = procs["learner"].wait()
+        for name, proc in procs.items():
+            if name.startswith("actor"):
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.terminate()
+        return rc
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def keys_main(cfg: KeysConfig) -> int:
+    written = generate_keys(cfg.dir, cfg.clients)
+    print(f"wrote {len(written)} key files to {cfg.dir}/ (server.key*, client*.key*, authorized/); "
+          "copy the public keys where they are needed and keep *.key_secret private")
+    return 0

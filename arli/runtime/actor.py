@@ -1,0 +1,138 @@
+"""The robot-side actor (``arli actor``): the runtime loop on a real clock, chunks from
+``arli serve``, the ARLI residual on CPU, transitions to ``arli learner``.
+
+The residual's definition (variant, state normalisation, network sizes) arrives with the
+learner's weights, so an actor needs no copy of the base policy or of the learner config.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from arli.augment import StateBuilder
+from arli.chunking import ChunkScheduler
+from arli.rl.collect import ResidualController
+from arli.rl.config import LearnerConfig
+from arli.rl.learner import ResidualLearner
+from arli.rl.replay import ReplayBuffer
+from arli.runtime.clock import MonotonicClock
+from arli.runtime.link import LearnerLink
+from arli.runtime.loop import run_episode
+from arli.types import Observation, StepInfo
+
+log = logging.getLogger("arli.actor")
+
+
+class RowSink:
+    """Turns the controller's n-step transitions into replay rows for the link."""
+
+    def __init__(self, link: LearnerLink, state_dim: int, action_dim: int):
+        self.link, self.layout = link, ReplayBuffer(1, state_dim, action_dim)
+
+    def add(self, transition) -> None:
+        row = self.layout.row(transition)
+        if np.all(np.isfinite(row)):
+            self.link.add_row(row)
+
+
+class RemoteResidualController(ResidualController):
+    """``ResidualController`` whose weights come from the link, swapped in between steps."""
+
+    def __init__(self, learner: ResidualLearner, builder: StateBuilder, link: LearnerLink, train: bool = True):
+        super().__init__(learner, builder, train=train, sink=RowSink(link, builder.dim, learner.action_dim))
+        self.link = link
+        self.version = 0
+        self.done = False
+        self.residual_s: list[float] = []  # state build + actor forward, per step
+
+    def swap_weights(self) -> None:
+        new = self.link.take_weights()
+        if new is not None:
+            version, arrays, meta = new
+            load_actor(self.learner, arrays)
+            self.version, self.done = version, bool(meta.get("done", False))
+
+    def act(self, t: int, obs: Observation, info: StepInfo) -> np.ndarray:
+        self.swap_weights()
+        start = time.perf_counter()
+        action = super().act(t, obs, info)
+        self.residual_s.append(time.perf_counter() - start)
+        return action
+
+
+def load_actor(learner: ResidualLearner, arrays: dict) -> None:
+    state = {k: torch.as_tensor(np.array(v)) for k, v in arrays.items() if k.startswith("net.")}
+    learner.actor.load_state_dict(state)
+
+
+def residual_from_weights(arrays: dict, meta: dict, obs_dim: int, action_dim: int) -> tuple[ResidualLearner, StateBuilder]:
+    """The actor-side residual (acting only) defined by a learner's weights message."""
+    builder = StateBuilder(meta["variant"], obs_dim, action_dim, int(meta["chunk_size"]),
+                           int(meta["episode_steps"]), obs_mean=np.array(arrays["obs_mean"]),
+                           obs_std=np.array(arrays["obs_std"]))
+    if builder.dim != int(meta["state_dim"]):
+        raise ValueError(f"the learner's residual state has {meta['state_dim']} dims, this robot's builds "
+                         f"{builder.dim}: actor and learner run different tasks or variants")
+    known = set(LearnerConfig.__dataclass_fields__)
+    cfg = LearnerConfig(**{k: v for k, v in meta["learner"].items() if k in known})
+    torch.set_num_threads(1)
+    learner = ResidualLearner(cfg, builder.dim, action_dim)
+    load_actor(learner, arrays)
+    return learner, builder
+
+
+@dataclass
+class ActorStats:
+    episodes: int = 0
+    successes: int = 0
+    steps: int = 0
+    spikes: int = 0
+    dropped: int = 0
+    server_lost_steps: int = 0
+
+
+def wait_for_weights(link: LearnerLink, timeout_s: float) -> tuple[int, dict, dict]:
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        w = link.take_weights()
+        if w is not None:
+            return w
+        if not link.alive():
+            raise RuntimeError("the learner link thread stopped (see the log above)")
+        time.sleep(0.05)
+    raise TimeoutError(f"no weights from the learner at {link.weights_addr} within {timeout_s:.0f} s; "
+                       "is `arli learner` running (same curve settings)?")
+
+
+def run_actor(driver, inference, link: LearnerLink, chunking: dict, seeds, weights_timeout_s: float = 120.0,
+              max_episodes: int | None = None, on_episode=None) -> tuple[ActorStats, RemoteResidualController]:
+    """Episodes until the learner says it is done (or ``max_episodes``)."""
+    version, arrays, meta = wait_for_weights(link, weights_timeout_s)
+    learner, builder = residual_from_weights(arrays, meta, driver.state_dim, driver.action_dim)
+    ctl = RemoteResidualController(learner, builder, link)
+    ctl.version, ctl.done = version, bool(meta.get("done", False))
+    scheduler = ChunkScheduler(inference.chunk_size, action_dim=driver.action_dim, **chunking)
+    clock = MonotonicClock(driver.dt)
+    stats = ActorStats()
+    for seed in seeds:
+        if ctl.done or (max_episodes is not None and stats.episodes >= max_episodes):
+            break
+        result = run_episode(driver, inference, scheduler, clock, seed, ctl)
+        stats.episodes += 1
+        stats.successes += int(result.success)
+        stats.steps += result.steps
+        stats.spikes += result.spikes
+        stats.dropped += result.dropped
+        stats.server_lost_steps += result.server_lost_steps
+        link.add_episode({"success": bool(result.success), "steps": result.steps,
+                          "weights_version": ctl.version, "spikes": result.spikes,
+                          "mean_delay": float(np.mean(result.delays)) if result.delays else -1.0})
+        if on_episode is not None:
+            on_episode(stats, result, ctl)
+        ctl.swap_weights()
+    return stats, ctl

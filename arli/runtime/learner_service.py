@@ -1,0 +1,168 @@
+"""Learner service (``arli learner``): the in-process learner behind ZeroMQ, for a fleet.
+
+* Transitions arrive on a ROUTER socket as numbered batches per actor id; a batch is
+  applied only if it is the next one for its actor (duplicates are acknowledged and
+  ignored, gaps refused), so replay receives every transition exactly once.
+* The acknowledgement carries ``applied_seq`` and ``durable_seq`` (applied and written to
+  a checkpoint); actors keep batches until they are durable.
+* Updates follow the same update-to-data ratio as in-process (``learner.utd`` per
+  transition once ``learn_after`` rows are in replay), interleaved with receiving.
+* Weights are published on a PUB socket with a version number, on every
+  ``publish_every`` updates and at least once a second (late joiners get them).
+* Checkpoints are atomic (``Finetuner.save`` + ``service.json`` via rename) and a restarted
+  service resumes from them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import numpy as np
+import zmq
+
+from arli.finetune import Finetuner
+from arli.rl.replay import ONLINE
+from arli.transport.codec import ProtocolError, decode, encode, error_frame
+from arli.transport.zmq_io import CurveConfig, bind_socket, stop_auth
+
+log = logging.getLogger("arli.learner")
+
+
+class LearnerService:
+    def __init__(self, ft: Finetuner, transitions_addr: str, weights_addr: str, checkpoint_dir: str,
+                 target_env_steps: int, curve: CurveConfig | None = None, publish_every: int = 50,
+                 checkpoint_every_s: float = 10.0):
+        self.ft, self.checkpoint_dir, self.target = ft, checkpoint_dir, target_env_steps
+        self.publish_every, self.checkpoint_every_s = publish_every, checkpoint_every_s
+        self.ctx = zmq.Context()
+        self.router = bind_socket(self.ctx, zmq.ROUTER, transitions_addr, curve)
+        self.pub = bind_socket(self.ctx, zmq.PUB, weights_addr, curve)
+        self.applied: dict[str, int] = {}
+        self.durable: dict[str, int] = {}
+        self.episodes: list[dict] = []
+        self.received_rows = 0
+        self.duplicates = 0
+        self.version = 0
+        self._owed = 0.0
+        self._last_publish = 0.0
+        self._last_checkpoint = time.perf_counter()
+        self.src_col = ft.online.columns["source"]
+
+    # -- state -------------------------------------------------------------------------
+    @property
+    def env_steps(self) -> int:
+        return self.ft.controller.env_steps
+
+    def save(self) -> None:
+        """Atomic checkpoint of learner + replay + per-actor sequence numbers."""
+        self.ft.save(self.checkpoint_dir)
+        state = {"applied": self.applied, "episodes": self.episodes, "version": self.version,
+                 "received_rows": self.received_rows, "owed": self._owed}
+        path = os.path.join(self.checkpoint_dir, "service.json")
+        with open(path + ".tmp", "w", encoding="utf-8") as fh:
+            json.dump(state, fh)
+        os.replace(path + ".tmp", path)
+        self.durable = dict(self.applied)
+        self._last_checkpoint = time.perf_counter()
+
+    def load(self) -> bool:
+        """Resume from ``checkpoint_dir`` if a checkpoint is there; returns whether it was."""
+        path = os.path.join(self.checkpoint_dir, "service.json")
+        if not os.path.exists(path):
+            return False
+        self.ft.load(self.checkpoint_dir)
+        with open(path, encoding="utf-8") as fh:
+            state = json.load(fh)
+        self.applied = {k: int(v) for k, v in state["applied"].items()}
+        self.durable = dict(self.applied)
+        self.episodes, self.version = state["episodes"], state["version"]
+        self.received_rows, self._owed = state["received_rows"], state["owed"]
+        return True
+
+    # -- messages ----------------------------------------------------------------------
+    def handle(self, frame: bytes) -> bytes:
+        try:
+            msg = decode(frame)
+            if msg.kind != "transitions":
+                raise ProtocolError("unknown_kind", f"the learner accepts transitions, not {msg.kind!r}")
+            actor, seq = msg["actor_id"], msg["seq"]
+            applied = self.applied.get(actor, 0)
+            if seq == applied + 1:
+                self._apply(msg)
+                self.applied[actor] = seq
+            elif seq <= applied:
+                self.duplicates += 1
+            return encode("ack", actor_id=actor, applied_seq=self.applied.get(actor, 0),
+                          durable_seq=self.durable.get(actor, 0))
+        except ProtocolError as exc:
+            return error_frame(exc)
+        except ValueError as exc:  # rows of the wrong width: the actor runs another config
+            return error_frame("schema", str(exc))
+
+    def _apply(self, msg) -> None:
+        rows = msg["rows"]
+        if len(rows):
+            online = rows[:, self.src_col] == ONLINE
+            n = self.ft.online.add_rows(rows[online]) + self.ft.anchor.add_rows(rows[~online])
+            self.received_rows += n
+            self.ft.controller.env_steps += n  # one transition per control step
+            self.ft.controller.intervened_steps += int((~online).sum())
+            if len(self.ft.online) + len(self.ft.anchor) >= self.ft.spec.learn_after:
+                self._owed += self.ft.spec.learner.utd * n
+        for ep in msg.get("episodes", []):
+            self.episodes.append({**ep, "actor_id": msg["actor_id"], "env_steps": self.env_steps})
+
+    def publish(self, done: bool = False) -> None:
+        self.version += 1
+        ft = self.ft
+        arrays = {k: v.detach().cpu().numpy() for k, v in ft.learner.actor.state_dict().items()}
+        arrays["obs_mean"], arrays["obs_std"] = ft.builder.mean.astype(np.float32), ft.builder.std.astype(np.float32)
+        meta = {"done": done, "env_steps": self.env_steps, "updates": ft.learner.updates,
+                "variant": ft.spec.variant, "state_dim": ft.builder.dim, "chunk_size": ft.builder.H,
+                "episode_steps": ft.builder.T, "learner": dict(vars(ft.spec.learner))}
+        self.pub.send(encode("weights", version=self.version, arrays=arrays, meta=meta))
+        self._last_publish = time.perf_counter()
+
+    # -- loop --------------------------------------------------------------------------
+    def run(self, max_seconds: float | None = None, progress=None) -> None:
+        """Receive, learn and publish until ``target_env_steps`` transitions have arrived."""
+        deadline = None if max_seconds is None else time.perf_counter() + max_seconds
+        while self.env_steps < self.target:
+            if deadline is not None and time.perf_counter() > deadline:
+                break
+            while self.router.poll(0 if self._owed >= 1 else 20):
+                frames = self.router.recv_multipart()
+                if len(frames) >= 2:
+                    before = self.env_steps
+                    self.router.send_multipart([frames[0], self.handle(frames[-1])])
+                    if progress is not None and self.env_steps > before:
+                        progress(self)
+            for _ in range(min(int(self._owed), 8)):
+                self.ft.learner.update(self.ft.online, self.ft.anchor)
+                self._owed -= 1
+                if self.ft.learner.updates % self.publish_every == 0:
+                    self.publish()
+            now = time.perf_counter()
+            if now - self._last_publish > 1.0:
+                self.publish()
+            if now - self._last_checkpoint > self.checkpoint_every_s:
+                self.save()
+        self.save()
+        self.publish(done=self.env_steps >= self.target)
+        # acknowledge what is still arriving for a moment, so actors can flush and stop
+        end = time.perf_counter() + 1.0
+        while time.perf_counter() < end:
+            if self.router.poll(50):
+                frames = self.router.recv_multipart()
+                if len(frames) >= 2:
+                    self.router.send_multipart([frames[0], self.handle(frames[-1])])
+        self.save()
+
+    def close(self) -> None:
+        self.router.close(linger=0)
+        self.pub.close(linger=0)
+        stop_auth(self.ctx)
+        self.ctx.term()

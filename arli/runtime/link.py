@@ -1,0 +1,173 @@
+"""The actor's link to the learner: transitions out (acknowledged, spooled), weights in.
+
+Runs in a background thread that owns its two sockets, so the control loop never waits on
+the network. Transitions are batched into numbered batches (``seq`` 1, 2, ...) kept in a
+bounded spool until the learner reports them *durable* (written to a checkpoint). Every
+``ack`` carries the learner's ``applied_seq`` for this actor: the link resends from
+``applied_seq + 1``, so after a learner crash and restart from its checkpoint each batch
+lands exactly once (the learner ignores seqs it has applied and refuses gaps). Weights
+come over PUB/SUB with conflation: only the newest version is ever kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import zmq
+import zmq.auth
+
+from arli.transport.codec import ProtocolError, decode, encode
+from arli.transport.zmq_io import CurveConfig, connect_socket
+
+log = logging.getLogger("arli.link")
+
+
+class LearnerLink:
+    def __init__(self, actor_id: str, transitions_addr: str, weights_addr: str,
+                 curve: CurveConfig | None = None, batch_rows: int = 64, flush_s: float = 0.5,
+                 spool_max_rows: int = 500_000, ack_timeout_s: float = 1.0):
+        self.actor_id, self.curve = actor_id, curve
+        self.transitions_addr, self.weights_addr = transitions_addr, weights_addr
+        self.batch_rows, self.flush_s, self.ack_timeout_s = batch_rows, flush_s, ack_timeout_s
+        self.spool_max_rows = spool_max_rows
+        self._lock = threading.Lock()
+        self._rows: list[np.ndarray] = []
+        self._episodes: list[dict] = []
+        self._oldest = 0.0
+        self.spool: deque[tuple[int, bytes, int]] = deque()  # (seq, frame, rows), not yet durable
+        self.spool_rows = 0
+        self.next_seq, self.send_from, self.applied, self.durable = 1, 1, 0, 0
+        self.dropped_rows = 0  # spool overflow (the learner was away too long)
+        self.sent_rows = 0
+        self._weights: tuple[int, dict, dict] | None = None
+        self.weights_version = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"link-{actor_id}", daemon=True)
+
+    # -- control-loop side (thread-safe, never blocks on the network) -----------------------
+    def start(self) -> "LearnerLink":
+        self._thread.start()
+        return self
+
+    def add_row(self, row: np.ndarray) -> None:
+        with self._lock:
+            if not self._rows:
+                self._oldest = time.perf_counter()
+            self._rows.append(np.asarray(row, np.float32))
+
+    def add_episode(self, info: dict) -> None:
+        with self._lock:
+            self._episodes.append(info)
+            if not self._rows:
+                self._oldest = time.perf_counter()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def take_weights(self) -> tuple[int, dict, dict] | None:
+        """The newest weights (version, arrays, meta) if they changed since the last call."""
+        with self._lock:
+            w, self._weights = self._weights, None
+        return w
+
+    def pending_rows(self) -> int:
+        with self._lock:
+            return len(self._rows) + self.spool_rows
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every row handed over has been applied by the learner."""
+        deadline = time.perf_counter() + timeout_s
+        while time.perf_counter() < deadline:
+            with self._lock:
+                queued = bool(self._rows or self._episodes)
+                done = not queued and self.applied >= self.next_seq - 1
+            if done:
+                return True
+            time.sleep(0.02)
+        return False
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    # -- network thread ---------------------------------------------------------------------
+    def _batch(self, force: bool = False) -> None:
+        with self._lock:
+            due = self._rows or self._episodes
+            if not due or (not force and len(self._rows) < self.batch_rows
+                           and time.perf_counter() - self._oldest < self.flush_s):
+                return
+            rows, self._rows = self._rows, []
+            episodes, self._episodes = self._episodes, []
+        data = np.stack(rows) if rows else np.zeros((0, 1), np.float32)
+        frame = encode("transitions", actor_id=self.actor_id, seq=self.next_seq, rows=data, episodes=episodes)
+        with self._lock:
+            self.spool.append((self.next_seq, frame, len(rows)))
+            self.spool_rows += len(rows)
+            self.next_seq += 1
+            while self.spool_rows > self.spool_max_rows and len(self.spool) > 1:
+                seq, _, n = self.spool.popleft()  # oldest first: bounded memory, loss counted
+                self.spool_rows -= n
+                self.dropped_rows += n
+                log.warning("spool full: dropped batch %d (%d rows)", seq, n)
+
+    def _run(self) -> None:
+        ctx = zmq.Context.instance()
+        dealer = connect_socket(ctx, zmq.DEALER, self.transitions_addr, self.curve)
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.CONFLATE, 1)  # keep only the newest weights
+        if self.curve is not None and self.curve.enabled:
+            public, secret = zmq.auth.load_certificate(self.curve.path("client.key_secret"))
+            sub.curve_secretkey, sub.curve_publickey = secret, public
+            sub.curve_serverkey, _ = zmq.auth.load_certificate(self.curve.path("server.key"))
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(self.weights_addr)
+        poller = zmq.Poller()
+        poller.register(dealer, zmq.POLLIN)
+        poller.register(sub, zmq.POLLIN)
+        waiting: tuple[int, float] | None = None
+        try:
+            while not self._stop.is_set():
+                self._batch()
+                if waiting is None:
+                    with self._lock:
+                        item = next(((s, f) for s, f, _ in self.spool if s >= self.send_from), None)
+                    if item is not None:
+                        try:
+                            dealer.send(item[1], zmq.NOBLOCK)
+                            waiting = (item[0], time.perf_counter())
+                        except zmq.Again:
+                            pass  # no learner connected: keep spooling
+                elif time.perf_counter() - waiting[1] > self.ack_timeout_s:
+                    waiting = None  # lost (learner died?): resend from applied + 1
+                    self.send_from = self.applied + 1
+                for sock, _ in poller.poll(20):
+                    try:
+                        msg = decode(sock.recv(zmq.NOBLOCK))
+                    except (ProtocolError, zmq.Again) as exc:
+                        log.warning("bad message from the learner: %s", exc)
+                        continue
+                    if msg.kind == "ack":
+                        self._on_ack(msg["applied_seq"], msg["durable_seq"])
+                        waiting = None
+                    elif msg.kind == "weights":
+                        with self._lock:
+                            self._weights = (msg["version"], msg["arrays"], msg.get("meta", {}))
+                            self.weights_version = msg["version"]
+        finally:
+            dealer.close(linger=0)
+            sub.close(linger=0)
+
+    def _on_ack(self, applied: int, durable: int) -> None:
+        with self._lock:
+            self.applied, self.durable = applied, durable
+            self.send_from = applied + 1
+            while self.spool and self.spool[0][0] <= durable:
+                _, _, n = self.spool.popleft()
+                self.spool_rows -= n
+                self.sent_rows += n

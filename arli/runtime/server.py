@@ -1,0 +1,128 @@
+"""Inference server (``arli serve``): a base policy behind a ZeroMQ ROUTER socket.
+
+Any number of robots (DEALER clients) connect. Messages: ``hello`` -> ``hello_ok`` (chunk
+size, action dim, control period, policy name, versions), ``ping`` -> ``pong``, ``infer``
+-> ``chunk`` (actions + server timing) or ``error``. A bad message or an exception in the
+policy becomes an ``error`` reply naming the cause, and the server keeps serving.
+
+``min_latency_s`` pads every reply to at least that long after receipt, without blocking
+other clients: it emulates a slower model (a 3B VLA) with the small one trained here.
+Robot drivers are never imported here (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import zmq
+
+import arli
+from arli.policies.base import BasePolicy
+from arli.transport.codec import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ProtocolError, decode, encode, error_frame
+from arli.transport.zmq_io import CurveConfig, bind_socket, stop_auth
+
+log = logging.getLogger("arli.serve")
+
+
+class InferenceServer:
+    def __init__(self, policy: BasePolicy, address: str, meta: dict[str, Any] | None = None,
+                 min_latency_s: float = 0.0, curve: CurveConfig | None = None,
+                 max_bytes: int = MAX_MESSAGE_BYTES):
+        self.policy, self.address, self.min_latency_s, self.max_bytes = policy, address, min_latency_s, max_bytes
+        self.meta = {"chunk_size": int(policy.chunk_size), "action_dim": int(policy.action_dim),
+                     "n_obs_steps": int(getattr(policy, "n_obs_steps", 1)),
+                     "policy": type(policy).__name__, "protocol": PROTOCOL_VERSION,
+                     "arli": arli.__version__, **(meta or {})}
+        self.ctx = zmq.Context()
+        self.sock = bind_socket(self.ctx, zmq.ROUTER, address, curve)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self._due: list[tuple[float, int, bytes, bytes]] = []  # (send at, seq, identity, frame)
+        self._seq = 0
+        self.stats = {"requests": 0, "errors": 0, "clients": set()}
+
+    # -- one message -------------------------------------------------------------------
+    def handle(self, frame: bytes) -> bytes:
+        """Reply frame for one request frame (never raises)."""
+        recv = time.perf_counter()
+        request_id = None
+        self.last_was_infer = False
+        try:
+            msg = decode(frame, self.max_bytes)
+            if msg.kind == "hello":
+                return encode("hello_ok", meta=self.meta)
+            if msg.kind == "ping":
+                return encode("pong", sent=msg["sent"], server_time=time.time())
+            if msg.kind != "infer":
+                raise ProtocolError("unknown_kind", f"the inference server answers hello, ping and infer, "
+                                    f"not {msg.kind!r}")
+            request_id = msg["request_id"]
+            self.last_was_infer = True
+            self.stats["requests"] += 1
+            return self._infer(msg, recv)
+        except ProtocolError as exc:
+            self.stats["errors"] += 1
+            return error_frame(exc, request_id=request_id)
+        except Exception as exc:  # the policy failed on this input: say so, keep serving
+            self.stats["errors"] += 1
+            log.warning("policy error on request %s: %s", request_id, exc)
+            return error_frame("policy", f"{type(exc).__name__}: {exc}", request_id)
+
+    def _infer(self, msg, recv: float) -> bytes:
+        history = [(np.asarray(h["state"], np.float32), next(iter(h.get("images", {}).values()), None))
+                   for h in msg.get("history", []) if isinstance(h, dict) and "state" in h]
+        images = msg.get("images") or {}
+        start = time.perf_counter()
+        self.policy.set_history(history)
+        actions = self.policy.predict_actions(np.asarray(msg["state"], np.float32), msg.get("committed_prefix"),
+                                              msg["delay_steps"], next(iter(images.values()), None),
+                                              msg.get("guidance"))
+        end = time.perf_counter()
+        actions = np.asarray(actions, np.float32)
+        if not np.all(np.isfinite(actions)):
+            raise ProtocolError("policy", "the policy produced NaN/inf actions; not sent")
+        timing = {"queue_s": start - recv, "compute_s": end - start, "server_s": end - recv}
+        return encode("chunk", request_id=msg["request_id"], actions=actions, timing=timing)
+
+    # -- serving -----------------------------------------------------------------------
+    def serve(self, stop: threading.Event | None = None, max_seconds: float | None = None) -> None:
+        """Serve until ``stop`` is set (or ``max_seconds`` pass)."""
+        deadline = None if max_seconds is None else time.perf_counter() + max_seconds
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        log.info("serving %s on %s (chunk %d x %d)", self.meta["policy"], self.address,
+                 self.meta["chunk_size"], self.meta["action_dim"])
+        while not (stop is not None and stop.is_set()):
+            now = time.perf_counter()
+            if deadline is not None and now > deadline:
+                break
+            self._flush(now)
+            wait_ms = 50.0 if not self._due else max(0.0, (self._due[0][0] - now) * 1000)
+            if poller.poll(min(wait_ms, 50.0)):
+                frames = self.sock.recv_multipart(copy=False)
+                if len(frames) < 2:
+                    continue
+                identity, payload = frames[0].bytes, frames[-1].buffer
+                self.stats["clients"].add(identity)
+                recv = time.perf_counter()
+                reply = self.handle(bytes(payload))
+                due = recv + self.min_latency_s
+                if not self.last_was_infer or due <= time.perf_counter():
+                    self.sock.send_multipart([identity, reply])
+                else:
+                    heapq.heappush(self._due, (due, self._seq, identity, reply))
+                    self._seq += 1
+
+    def _flush(self, now: float) -> None:
+        while self._due and self._due[0][0] <= now:
+            _, _, identity, reply = heapq.heappop(self._due)
+            self.sock.send_multipart([identity, reply])
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        stop_auth(self.ctx)
+        self.ctx.term()

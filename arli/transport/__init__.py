@@ -1,0 +1,1 @@
+"""Wire codec (msgpack + raw numpy, versioned, no pickle) and ZeroMQ endpoints."""
