@@ -378,6 +378,7 @@ class ServeConfig:
     transport: TransportConfig = field(default_factory=TransportConfig)
     min_latency_s: float = 0.0  # pad replies (emulate a slower VLA); 0 = as fast as it runs
     max_seconds: float = 0.0  # 0 = serve until interrupted
+    max_message_mb: float = 64.0  # larger requests are refused with a too_large error
 
 
 @dataclass

@@ -46,7 +46,7 @@ def serve_main(cfg: ServeConfig) -> int:
     instruction = make_env(name).unwrapped.instruction
     policy = load_base_policy(cfg.checkpoint, instruction, name, cfg.pretrain.policy.chunk_size)
     server = InferenceServer(policy, bind_address(cfg.transport.server), {"dt": cfg.env.dt, "task": name},
-                             cfg.min_latency_s, _curve(cfg.transport))
+                             cfg.min_latency_s, _curve(cfg.transport), int(cfg.max_message_mb * 2**20))
     print(f"arli serve: {type(policy).__name__} from {cfg.checkpoint} on {bind_address(cfg.transport.server)}"
           f" (min latency {cfg.min_latency_s * 1000:.0f} ms)", flush=True)
     try:
@@ -88,10 +88,15 @@ def learner_main(cfg: LearnerServiceConfig) -> int:
                   f"episodes {len(svc.episodes)} success(20) {np.mean(recent) if recent else 0:.2f} "
                   f"actors {sorted(svc.applied)}", flush=True)
 
+    stop = _stop_on_signals()
     try:
-        service.run(progress=progress)
+        service.run(progress=progress, stop=stop)
     finally:
         service.close()
+    if stop.is_set():
+        print(f"arli learner: stopped at env step {service.env_steps}; checkpoint in {run_dir}/checkpoint "
+              "(start the same command again to resume)", flush=True)
+        return 0
     final = ft.evaluate(cfg.final_eval_episodes)
     summary = {"env": name, "variant": cfg.variant, "delay_steps": delay, "env_steps": service.env_steps,
                "updates": ft.learner.updates, "finetuned_success": final["success"],
@@ -137,7 +142,7 @@ def actor_main(cfg: ActorConfig) -> int:
     seeds = (base_seed + i for i in range(10**6) if not stop.is_set())
     try:
         stats, ctl = run_actor(driver, inference, link, chunking, seeds, cfg.weights_timeout_s,
-                               cfg.max_episodes or None, on_episode)
+                               cfg.max_episodes or None, on_episode, cfg.seed)
         flushed = link.flush(timeout_s=15)
     finally:
         link.close()

@@ -12,13 +12,11 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-
 from arli.augment import StateBuilder
+from arli.policies.residual import ResidualActing
 from arli.chunking import ChunkScheduler
 from arli.rl.collect import ResidualController
 from arli.rl.config import LearnerConfig
-from arli.rl.learner import ResidualLearner
 from arli.rl.replay import ReplayBuffer
 from arli.runtime.clock import MonotonicClock
 from arli.runtime.link import LearnerLink
@@ -43,7 +41,7 @@ class RowSink:
 class RemoteResidualController(ResidualController):
     """``ResidualController`` whose weights come from the link, swapped in between steps."""
 
-    def __init__(self, learner: ResidualLearner, builder: StateBuilder, link: LearnerLink, train: bool = True):
+    def __init__(self, learner: ResidualActing, builder: StateBuilder, link: LearnerLink, train: bool = True):
         super().__init__(learner, builder, train=train, sink=RowSink(link, builder.dim, learner.action_dim))
         self.link = link
         self.version = 0
@@ -54,7 +52,7 @@ class RemoteResidualController(ResidualController):
         new = self.link.take_weights()
         if new is not None:
             version, arrays, meta = new
-            load_actor(self.learner, arrays)
+            self.learner.actor.load(arrays)
             self.version, self.done = version, bool(meta.get("done", False))
 
     def act(self, t: int, obs: Observation, info: StepInfo) -> np.ndarray:
@@ -65,12 +63,8 @@ class RemoteResidualController(ResidualController):
         return action
 
 
-def load_actor(learner: ResidualLearner, arrays: dict) -> None:
-    state = {k: torch.as_tensor(np.array(v)) for k, v in arrays.items() if k.startswith("net.")}
-    learner.actor.load_state_dict(state)
-
-
-def residual_from_weights(arrays: dict, meta: dict, obs_dim: int, action_dim: int) -> tuple[ResidualLearner, StateBuilder]:
+def residual_from_weights(arrays: dict, meta: dict, obs_dim: int, action_dim: int,
+                          seed: int = 0) -> tuple[ResidualActing, StateBuilder]:
     """The actor-side residual (acting only) defined by a learner's weights message."""
     builder = StateBuilder(meta["variant"], obs_dim, action_dim, int(meta["chunk_size"]),
                            int(meta["episode_steps"]), obs_mean=np.array(arrays["obs_mean"]),
@@ -80,10 +74,10 @@ def residual_from_weights(arrays: dict, meta: dict, obs_dim: int, action_dim: in
                          f"{builder.dim}: actor and learner run different tasks or variants")
     known = set(LearnerConfig.__dataclass_fields__)
     cfg = LearnerConfig(**{k: v for k, v in meta["learner"].items() if k in known})
-    torch.set_num_threads(1)
-    learner = ResidualLearner(cfg, builder.dim, action_dim)
-    load_actor(learner, arrays)
-    return learner, builder
+    if cfg.gate_candidates > 1:
+        raise ValueError("value gating (learner.gate_candidates > 1) needs the critic on the robot; "
+                         "the distributed actor runs the actor network only")
+    return ResidualActing(cfg, arrays, action_dim, seed), builder
 
 
 @dataclass
@@ -110,10 +104,10 @@ def wait_for_weights(link: LearnerLink, timeout_s: float) -> tuple[int, dict, di
 
 
 def run_actor(driver, inference, link: LearnerLink, chunking: dict, seeds, weights_timeout_s: float = 120.0,
-              max_episodes: int | None = None, on_episode=None) -> tuple[ActorStats, RemoteResidualController]:
+              max_episodes: int | None = None, on_episode=None, seed: int = 0) -> tuple[ActorStats, RemoteResidualController]:
     """Episodes until the learner says it is done (or ``max_episodes``)."""
     version, arrays, meta = wait_for_weights(link, weights_timeout_s)
-    learner, builder = residual_from_weights(arrays, meta, driver.state_dim, driver.action_dim)
+    learner, builder = residual_from_weights(arrays, meta, driver.state_dim, driver.action_dim, seed)
     ctl = RemoteResidualController(learner, builder, link)
     ctl.version, ctl.done = version, bool(meta.get("done", False))
     scheduler = ChunkScheduler(inference.chunk_size, action_dim=driver.action_dim, **chunking)

@@ -127,10 +127,11 @@ class LearnerService:
         self._last_publish = time.perf_counter()
 
     # -- loop --------------------------------------------------------------------------
-    def run(self, max_seconds: float | None = None, progress=None) -> None:
-        """Receive, learn and publish until ``target_env_steps`` transitions have arrived."""
+    def run(self, max_seconds: float | None = None, progress=None, stop=None) -> None:
+        """Receive, learn and publish until ``target_env_steps`` transitions have arrived
+        (or ``stop`` is set: then it checkpoints and returns)."""
         deadline = None if max_seconds is None else time.perf_counter() + max_seconds
-        while self.env_steps < self.target:
+        while self.env_steps < self.target and not (stop is not None and stop.is_set()):
             if deadline is not None and time.perf_counter() > deadline:
                 break
             while self.router.poll(0 if self._owed >= 1 else 20):

@@ -73,12 +73,12 @@ class InferenceServer:
             return error_frame("policy", f"{type(exc).__name__}: {exc}", request_id)
 
     def _infer(self, msg, recv: float) -> bytes:
-        history = [(np.asarray(h["state"], np.float32), next(iter(h.get("images", {}).values()), None))
+        history = [(np.array(h["state"], np.float32), next(iter(h.get("images", {}).values()), None))
                    for h in msg.get("history", []) if isinstance(h, dict) and "state" in h]
         images = msg.get("images") or {}
         start = time.perf_counter()
         self.policy.set_history(history)
-        actions = self.policy.predict_actions(np.asarray(msg["state"], np.float32), msg.get("committed_prefix"),
+        actions = self.policy.predict_actions(np.array(msg["state"], np.float32), msg.get("committed_prefix"),
                                               msg["delay_steps"], next(iter(images.values()), None),
                                               msg.get("guidance"))
         end = time.perf_counter()

@@ -1,0 +1,136 @@
+"""Wire codec: round trips, every refusal names its cause, and a fuzz over >= 100k
+generated and mutated frames that may only ever raise ProtocolError."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from arli.transport.codec import PROTOCOL_VERSION, ProtocolError, decode, encode
+
+
+def infer_frame(**over) -> bytes:
+    fields = dict(request_id=3, t0=16, capture_ts=1.5, state=np.arange(20, dtype=np.float32),
+                  images={"wrist": np.full((224, 224, 3), 7, np.uint8)}, delay_steps=4,
+                  committed_prefix=np.ones((4, 5), np.float32), instruction="insert the peg")
+    fields.update(over)
+    return encode("infer", **fields)
+
+
+def test_round_trip_keeps_arrays_bit_exact():
+    msg = decode(infer_frame())
+    assert msg.kind == "infer" and msg["request_id"] == 3 and msg["instruction"] == "insert the peg"
+    np.testing.assert_array_equal(msg["state"], np.arange(20, dtype=np.float32))
+    assert msg["state"].dtype == np.float32
+    img = msg["images"]["wrist"]
+    assert img.shape == (224, 224, 3) and img.dtype == np.uint8 and int(img.sum()) == 7 * 224 * 224 * 3
+    assert msg["committed_prefix"].shape == (4, 5)
+
+
+def raw(obj) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+@pytest.mark.parametrize("frame, code, words", [
+    (raw({"v": PROTOCOL_VERSION + 1, "kind": "ping", "sent": 0.0}), "version", "protocol version 2"),
+    (raw({"kind": "ping", "sent": 0.0}), "version", "None"),
+    (raw({"v": PROTOCOL_VERSION, "kind": "launch_missiles"}), "unknown_kind", "launch_missiles"),
+    (raw({"v": PROTOCOL_VERSION, "kind": "ping"}), "schema", "missing field 'sent'"),
+    (raw({"v": PROTOCOL_VERSION, "kind": "ping", "sent": "now"}), "schema", "'sent' must be float"),
+    (raw({"v": PROTOCOL_VERSION, "kind": "ping", "sent": 1.0, "extra": 1}), "schema", "unknown field(s) ['extra']"),
+    (raw([1, 2, 3]), "malformed", "must be a map"),
+    (b"\xc1\xff\x00", "malformed", "not a msgpack"),
+    (infer_frame()[:-100], "malformed", "not a msgpack"),  # truncated mid-image
+    (b"\x91" * 100_000 + b"\x00", "malformed", "StackError"),  # nesting bomb
+    (b"\xdd\xff\xff\xff\xff", "malformed", "exceeds max_array_len"),  # claims 4G elements
+])
+def test_bad_frames_name_their_cause(frame, code, words):
+    with pytest.raises(ProtocolError) as exc:
+        decode(frame)
+    assert exc.value.code == code and words in str(exc.value)
+
+
+def test_size_limit_is_checked_before_parsing():
+    with pytest.raises(ProtocolError) as exc:
+        decode(infer_frame(), max_bytes=1000)
+    assert exc.value.code == "too_large" and "1000" in str(exc.value)
+
+
+def test_arrays_of_object_dtype_or_lying_headers_are_refused():
+    with pytest.raises(TypeError):
+        encode("infer", check=False, request_id=1, t0=0, capture_ts=0.0, state=np.array([object()]),
+               delay_steps=0)
+    header = msgpack.packb(["float32", [1000]])
+    lying = raw({"v": PROTOCOL_VERSION, "kind": "infer", "request_id": 1, "t0": 0, "capture_ts": 0.0,
+                 "delay_steps": 0, "state": msgpack.ExtType(1, header + b"\0" * 8)})
+    with pytest.raises(ProtocolError, match="needs 4000 bytes, got 8"):
+        decode(lying)
+    pickled = raw({"v": PROTOCOL_VERSION, "kind": "infer", "request_id": 1, "t0": 0, "capture_ts": 0.0,
+                   "delay_steps": 0, "state": msgpack.ExtType(1, msgpack.packb(["object", [1]]) + b"x" * 8)})
+    with pytest.raises(ProtocolError, match="dtype 'object' not allowed"):
+        decode(pickled)
+
+
+def test_a_state_of_the_wrong_rank_is_a_schema_error():
+    with pytest.raises(ProtocolError, match="'state' must be a 1-d array"):
+        decode(infer_frame(state=np.zeros((2, 3), np.float32)), )
+
+
+# -- fuzz ------------------------------------------------------------------------------
+SEEDS = [infer_frame(), encode("ping", sent=1.0), encode("hello", role="robot"),
+         encode("chunk", request_id=1, actions=np.zeros((50, 7), np.float32), timing={"compute_s": 0.01}),
+         encode("transitions", actor_id="a", seq=4, rows=np.ones((8, 60), np.float32), episodes=[{"success": True}]),
+         encode("error", code="schema", message="x", request_id=None)]
+MUTATIONS_PER_EXAMPLE = 50
+EXAMPLES = 2000  # x 50 mutations = 100,000 decoded frames
+
+
+def mutate(frame: bytes, rng: random.Random) -> bytes:
+    data = bytearray(frame)
+    op = rng.randrange(6)
+    if op == 0 and data:  # flip bits
+        for _ in range(rng.randint(1, 8)):
+            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+    elif op == 1:  # truncate
+        data = data[: rng.randrange(len(data) + 1)]
+    elif op == 2:  # insert junk
+        pos = rng.randrange(len(data) + 1)
+        data[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 16)))
+    elif op == 3 and data:  # overwrite a byte with a msgpack type marker (lengths, ext, ...)
+        data[rng.randrange(len(data))] = rng.choice([0xc4, 0xc5, 0xc6, 0xc7, 0xc8, 0xc9, 0xd4, 0xdc, 0xdd,
+                                                     0xde, 0xdf, 0xdb, 0xda, 0xc1, 0x90, 0x80])
+    elif op == 4:  # splice two frames
+        other = rng.choice(SEEDS)
+        data = data[: rng.randrange(len(data) + 1)] + other[rng.randrange(len(other) + 1):]
+    else:  # duplicate a region
+        a = rng.randrange(len(data) + 1)
+        data = data + data[a: a + rng.randint(1, 64)]
+    return bytes(data)
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats()
+                           | st.text(max_size=20) | st.binary(max_size=40),
+                           lambda children: st.lists(children, max_size=4)
+                           | st.dictionaries(st.text(max_size=8), children, max_size=4), max_leaves=12)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(base=st.sampled_from(range(len(SEEDS))) | st.builds(lambda v: raw(v), json_values),
+       seed=st.integers(0, 2**32 - 1))
+def test_fuzz_decoder_only_raises_protocol_errors(base, seed):
+    frame = SEEDS[base] if isinstance(base, int) else base
+    rng = random.Random(seed)
+    for _ in range(MUTATIONS_PER_EXAMPLE):
+        start = time.perf_counter()
+        try:
+            decode(frame, max_bytes=1 << 20)
+        except ProtocolError:
+            pass
+        assert time.perf_counter() - start < 0.5, "decoder hung on a frame"
+        frame = mutate(frame, rng) if rng.random() < 0.8 else mutate(rng.choice(SEEDS), rng)
