@@ -37,6 +37,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                             "success vs delay: base, residual state variants, zero-delay ideal"),
     "bench learner": ("bench_learner", "arli.bench.learner:main",
                       "residual learner updates/s vs a CleanRL-style reference, same run"),
+    "bench transport": ("bench_transport", "arli.bench.transport:main",
+                        "chunk round-trip overhead: our ZeroMQ path vs LeRobot's gRPC path"),
+    "bench runtime": ("bench_runtime", "arli.bench.runtime:main",
+                      "robot runtime at 20 Hz: loop timing error and residual latency, requests in flight"),
     "bench sim": ("bench_sim", "arli.bench.sim:main",
                   "control steps/s of our default task vs robosuite Lift"),
 }

@@ -413,8 +413,9 @@ class LaunchConfig:
 
     actors: int = 2
     env: EnvConfig = field(default_factory=EnvConfig)
+    checkpoint: str = "checkpoints/base_${env.name}"  # base policy served (trained first if missing)
     env_steps: int = 5000
-    min_latency_s: float = 0.18  # server reply padding: d = 4 at dt = 0.05
+    min_latency_s: float = 0.16  # server reply padding: d = 4 at dt = 0.05 (margin for compute)
     base_port: int = 5555
     output_dir: str = "outputs/launch"
     extra_learner: list[str] = field(default_factory=list)  # more overrides for the learner
@@ -474,3 +475,45 @@ SCHEMAS.update({
     "launch": (LaunchConfig, validate_launch),
     "keys": (KeysConfig, validate_keys),
 })
+
+
+@dataclass
+class BenchTransportConfig:
+    """``arli bench transport``: our ZeroMQ path vs LeRobot's gRPC path, same stub."""
+
+    requests: int = 500
+    warmup: int = 50
+    compute_ms: float = 5.0
+    json: bool = False
+    report_dir: str = "reports"
+
+
+def validate_bench_transport(cfg: BenchTransportConfig) -> None:
+    _require(cfg.requests >= 10, "requests", ">= 10", cfg.requests)
+    _require(cfg.warmup >= 0, "warmup", ">= 0", cfg.warmup)
+    _require(cfg.compute_ms >= 0, "compute_ms", ">= 0", cfg.compute_ms)
+
+
+SCHEMAS["bench_transport"] = (BenchTransportConfig, validate_bench_transport)
+
+
+@dataclass
+class BenchRuntimeConfig:
+    """``arli bench runtime``: control-loop timing error and residual latency at 20 Hz."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    steps: int = 2000
+    compute_ms: float = 20.0  # stub policy compute
+    min_latency_s: float = 0.2  # replies padded: requests in flight half the time
+    json: bool = False
+    report_dir: str = "reports"
+
+
+def validate_bench_runtime(cfg: BenchRuntimeConfig) -> None:
+    validate_env(cfg.env)
+    _require(cfg.steps >= 100, "steps", ">= 100", cfg.steps)
+    _require(cfg.min_latency_s >= 0 and cfg.compute_ms >= 0, "min_latency_s/compute_ms", ">= 0",
+             (cfg.min_latency_s, cfg.compute_ms))
+
+
+SCHEMAS["bench_runtime"] = (BenchRuntimeConfig, validate_bench_runtime)

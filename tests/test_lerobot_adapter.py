@@ -110,3 +110,38 @@ def test_bad_inputs_are_clear_errors(act_dir, tmp_path):
         adapter.predict_actions(np.zeros(7))
     with pytest.raises(FileNotFoundError, match="missing config.json"):
         load_base_policy(str(tmp_path / "nothing"))
+
+
+def test_diffusion_history_is_consecutive_control_steps_not_requests(diffusion_dir):
+    """The runtime keeps the last n_obs_steps observations per control step: with a request
+    every 4 steps, Diffusion sees (o_{t0-1}, o_t0), not (o_{t0-4}, o_t0)."""
+    from arli.runtime.loop import StepController
+
+    adapter = load_base_policy(str(diffusion_dir))
+    seen: list[tuple[int, np.ndarray]] = []
+    inner = adapter.policy.predict_action_chunk
+
+    def spy(batch):
+        seen.append(torch.stack(list(adapter.policy._queues["observation.state"]))[:, 0].numpy().copy())
+        return inner(batch)
+
+    adapter.policy.predict_action_chunk = spy
+
+    class States(StepController):
+        def __init__(self):
+            self.states = []
+
+        def act(self, t, obs, info):
+            self.states.append(obs.state.copy())
+            return info.base_action
+
+    rec = States()
+    env = make_env("peg_insert", max_episode_steps=14)
+    sched = ChunkScheduler(adapter.chunk_size, 4, M, "async", "naive", 2, hold=gripper_hold())
+    run_episode(env, adapter, sched, FixedLatency(0.1), np.random.default_rng(0), 0, rec)
+    assert len(seen) >= 3
+    # normalisation is the identity (stats mean 0, std 1): the queue holds the raw states
+    np.testing.assert_allclose(seen[0], np.stack([rec.states[0], rec.states[0]]), atol=1e-6)  # o_0 padded
+    for k, queue in enumerate(seen[1:], start=1):
+        t0 = 4 * k
+        np.testing.assert_allclose(queue, np.stack([rec.states[t0 - 1], rec.states[t0]]), atol=1e-6)

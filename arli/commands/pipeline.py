@@ -169,8 +169,10 @@ def launch_commands(cfg: LaunchConfig) -> dict[str, list[str]]:
     arli = [sys.executable, "-m", "arli.cli"]
     d_min = int(np.ceil(cfg.min_latency_s / cfg.env.dt - 1e-9))
     cmds = {
-        "serve": arli + ["serve", *env, f"min_latency_s={cfg.min_latency_s}", *transport],
-        "learner": arli + ["learner", *env, f"env_steps={cfg.env_steps}", f"delay_steps={d_min}",
+        "serve": arli + ["serve", *env, f"checkpoint={cfg.checkpoint}", f"min_latency_s={cfg.min_latency_s}",
+                         *transport],
+        "learner": arli + ["learner", *env, f"checkpoint={cfg.checkpoint}", f"env_steps={cfg.env_steps}",
+                           f"delay_steps={d_min}",
                            f"output_dir={cfg.output_dir}/learner", *transport, *cfg.extra_learner],
     }
     for i in range(cfg.actors):
@@ -182,7 +184,11 @@ def launch_commands(cfg: LaunchConfig) -> dict[str, list[str]]:
 
 def launch_main(cfg: LaunchConfig) -> int:
     """Start server, learner and actors; wait for the learner; stop the rest."""
+    from arli.commands.pretrain import ensure_base_policy  # noqa: PLC0415
+    from arli.config import PretrainConfig  # noqa: PLC0415
+
     os.makedirs(cfg.output_dir, exist_ok=True)
+    ensure_base_policy(cfg.checkpoint, PretrainConfig(env=cfg.env), cfg.env)  # once, not in two processes
     procs: dict[str, subprocess.Popen] = {}
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     try:

@@ -41,6 +41,7 @@ class LearnerService:
         self.router = bind_socket(self.ctx, zmq.ROUTER, transitions_addr, curve)
         self.pub = bind_socket(self.ctx, zmq.PUB, weights_addr, curve)
         self.applied: dict[str, int] = {}
+        self.identities: dict[str, bytes] = {}  # actor id -> its connection's ROUTER identity
         self.durable: dict[str, int] = {}
         self.episodes: list[dict] = []
         self.received_rows = 0
@@ -67,6 +68,9 @@ class LearnerService:
         os.replace(path + ".tmp", path)
         self.durable = dict(self.applied)
         self._last_checkpoint = time.perf_counter()
+        for actor, identity in self.identities.items():  # tell actors they may free their spools
+            self.router.send_multipart([identity, encode("ack", actor_id=actor, applied_seq=self.applied[actor],
+                                                         durable_seq=self.durable[actor])])
 
     def load(self) -> bool:
         """Resume from ``checkpoint_dir`` if a checkpoint is there; returns whether it was."""
@@ -83,12 +87,14 @@ class LearnerService:
         return True
 
     # -- messages ----------------------------------------------------------------------
-    def handle(self, frame: bytes) -> bytes:
+    def handle(self, frame: bytes, identity: bytes = b"") -> bytes:
         try:
             msg = decode(frame)
             if msg.kind != "transitions":
                 raise ProtocolError("unknown_kind", f"the learner accepts transitions, not {msg.kind!r}")
             actor, seq = msg["actor_id"], msg["seq"]
+            if identity:
+                self.identities[actor] = identity
             applied = self.applied.get(actor, 0)
             if seq == applied + 1:
                 self._apply(msg)
@@ -138,7 +144,7 @@ class LearnerService:
                 frames = self.router.recv_multipart()
                 if len(frames) >= 2:
                     before = self.env_steps
-                    self.router.send_multipart([frames[0], self.handle(frames[-1])])
+                    self.router.send_multipart([frames[0], self.handle(frames[-1], frames[0])])
                     if progress is not None and self.env_steps > before:
                         progress(self)
             for _ in range(min(int(self._owed), 8)):
@@ -159,7 +165,7 @@ class LearnerService:
             if self.router.poll(50):
                 frames = self.router.recv_multipart()
                 if len(frames) >= 2:
-                    self.router.send_multipart([frames[0], self.handle(frames[-1])])
+                    self.router.send_multipart([frames[0], self.handle(frames[-1], frames[0])])
         self.save()
 
     def close(self) -> None:

@@ -1,0 +1,43 @@
+"""``arli launch sim``: inference server, learner and two sim actors as real processes on
+loopback; transitions from both actors reach the one learner, whose weights reach both."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from process_utils import ROOT, free_ports
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def test_launch_two_actors_one_learner(tmp_path):
+    out = tmp_path / "launch"
+    base_port = free_ports(1)[0]
+    if base_port > 60000:
+        base_port = 40000 + base_port % 10000
+    learner_extra = '["anchor_episodes=3","learner.pretrain_updates=20","learn_after=100","final_eval_episodes=3",' \
+                    '"checkpoint_every_s=1"]'
+    proc = subprocess.run([sys.executable, "-m", "arli.cli", "launch", "sim", "actors=2", "env=pick_cube",
+                           "checkpoint=expert", "env_steps=400", f"base_port={base_port}", f"output_dir={out}",
+                           f"extra_learner={learner_extra}"], cwd=ROOT, capture_output=True, text=True, timeout=380)
+    logs = {p.name: p.read_text() for p in out.glob("*.log")}
+    assert proc.returncode == 0, (proc.stdout[-2000:], {k: v[-1500:] for k, v in logs.items()})
+    summary = json.loads((out / "learner" / "summary.json").read_text())
+    assert summary["actors"] == ["actor0", "actor1"]
+    assert summary["env_steps"] >= 400 and summary["updates"] > 0
+    by_actor = {a: [e for e in summary["episodes"] if e["actor_id"] == a] for a in ("actor0", "actor1")}
+    for actor, episodes in by_actor.items():
+        assert episodes, f"{actor} sent no episodes"
+        stats = json.loads((out / actor / "stats.json").read_text())
+        # real latency: the server pads replies to 160 ms; measured on the robot side
+        assert 160 <= stats["latency_ms"]["p50"] < 260, stats["latency_ms"]
+        trace = json.loads((out / actor / "latency_trace.json").read_text())
+        assert len(trace) >= 5 and min(trace) >= 0.16
+        # weights reached the actor while it ran (versions grow over its episodes)
+        versions = [e["weights_version"] for e in episodes]
+        assert versions[-1] > versions[0] or len(versions) == 1
+    assert summary["duplicates_ignored"] >= 0 and 0.0 <= summary["finetuned_success"] <= 1.0
