@@ -41,6 +41,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                         "chunk round-trip overhead: our ZeroMQ path vs LeRobot's gRPC path"),
     "bench runtime": ("bench_runtime", "arli.bench.runtime:main",
                       "robot runtime at 20 Hz: loop timing error and residual latency, requests in flight"),
+    "bench pipeline": ("bench_pipeline", "arli.bench.pipeline:main",
+                       "multi-process sim run (2 actors, 1 learner) vs in-process run, same config"),
     "bench sim": ("bench_sim", "arli.bench.sim:main",
                   "control steps/s of our default task vs robosuite Lift"),
 }

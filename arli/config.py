@@ -484,6 +484,7 @@ class BenchTransportConfig:
     requests: int = 500
     warmup: int = 50
     compute_ms: float = 5.0
+    stub_compute: str = "wait"  # wait (a GPU-bound model's host thread) | spin (a busy CPU core)
     json: bool = False
     report_dir: str = "reports"
 
@@ -492,6 +493,7 @@ def validate_bench_transport(cfg: BenchTransportConfig) -> None:
     _require(cfg.requests >= 10, "requests", ">= 10", cfg.requests)
     _require(cfg.warmup >= 0, "warmup", ">= 0", cfg.warmup)
     _require(cfg.compute_ms >= 0, "compute_ms", ">= 0", cfg.compute_ms)
+    _require(cfg.stub_compute in ("wait", "spin"), "stub_compute", "wait or spin", cfg.stub_compute)
 
 
 SCHEMAS["bench_transport"] = (BenchTransportConfig, validate_bench_transport)
@@ -517,3 +519,25 @@ def validate_bench_runtime(cfg: BenchRuntimeConfig) -> None:
 
 
 SCHEMAS["bench_runtime"] = (BenchRuntimeConfig, validate_bench_runtime)
+
+
+@dataclass
+class BenchPipelineConfig:
+    """``arli bench pipeline``: multi-process sim run vs in-process run, same config."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    env_steps: int = 5000
+    actors: int = 2
+    output_dir: str = "outputs/pipeline"
+    report_only: bool = False
+    json: bool = False
+    report_dir: str = "reports"
+
+
+def validate_bench_pipeline(cfg: BenchPipelineConfig) -> None:
+    validate_env(cfg.env)
+    _require(cfg.env_steps >= 100, "env_steps", ">= 100", cfg.env_steps)
+    _require(cfg.actors >= 1, "actors", ">= 1", cfg.actors)
+
+
+SCHEMAS["bench_pipeline"] = (BenchPipelineConfig, validate_bench_pipeline)

@@ -67,14 +67,35 @@ def test_arrays_of_object_dtype_or_lying_headers_are_refused():
         encode("infer", check=False, request_id=1, t0=0, capture_ts=0.0, state=np.array([object()]),
                delay_steps=0)
     header = msgpack.packb(["float32", [1000]])
+    header = len(header).to_bytes(2, "little") + header
     lying = raw({"v": PROTOCOL_VERSION, "kind": "infer", "request_id": 1, "t0": 0, "capture_ts": 0.0,
                  "delay_steps": 0, "state": msgpack.ExtType(1, header + b"\0" * 8)})
     with pytest.raises(ProtocolError, match="needs 4000 bytes, got 8"):
         decode(lying)
     pickled = raw({"v": PROTOCOL_VERSION, "kind": "infer", "request_id": 1, "t0": 0, "capture_ts": 0.0,
-                   "delay_steps": 0, "state": msgpack.ExtType(1, msgpack.packb(["object", [1]]) + b"x" * 8)})
+                   "delay_steps": 0, "state": msgpack.ExtType(1, b"\x0a\x00" + msgpack.packb(["object", [1]]) + b"x" * 8)})
     with pytest.raises(ProtocolError, match="dtype 'object' not allowed"):
         decode(pickled)
+
+
+def test_out_of_band_frames_round_trip_and_must_match_their_references():
+    from arli.transport.codec import encode_frames
+
+    img = np.arange(224 * 224 * 3, dtype=np.uint8).reshape(224, 224, 3)
+    frames = encode_frames("infer", request_id=1, t0=0, capture_ts=0.0, state=np.zeros(4, np.float32),
+                           images={"a": img, "b": img[::-1]}, delay_steps=0)
+    assert len(frames) == 3 and len(frames[0]) < 500  # the images travel as their own frames
+    msg = decode([bytes(f) for f in frames])
+    np.testing.assert_array_equal(msg["images"]["a"], img)
+    np.testing.assert_array_equal(msg["images"]["b"], img[::-1])
+    with pytest.raises(ProtocolError, match="refers to frame 1"):
+        decode([bytes(frames[0]), bytes(frames[1])])  # a missing data frame
+    with pytest.raises(ProtocolError, match="not referenced"):
+        decode([bytes(f) for f in frames] + [b"extra"])
+    with pytest.raises(ProtocolError, match="its frame has"):
+        decode([bytes(frames[0]), bytes(frames[1])[:-1], bytes(frames[2])])
+    with pytest.raises(ProtocolError, match="too_large|exceeds"):
+        decode([bytes(f) for f in frames], max_bytes=200_000)
 
 
 def test_a_state_of_the_wrong_rank_is_a_schema_error():

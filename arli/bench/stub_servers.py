@@ -1,6 +1,6 @@
 """Servers with the same stub policy for ``arli bench transport``: ours (ZeroMQ + msgpack)
 and LeRobot 0.4.x's async-inference ``PolicyServer`` (gRPC + pickle), run as processes:
-``python -m arli.bench.stub_servers {ours|lerobot} PORT COMPUTE_MS``.
+``python -m arli.bench.stub_servers {ours|lerobot} PORT COMPUTE_MS [wait|spin]``.
 
 The stub does a fixed amount of busy computation (``COMPUTE_MS``) and returns a 50 x 7
 chunk, so both sides measure transport + serialisation, not a model.
@@ -16,8 +16,14 @@ import numpy as np
 STUB_CHUNK = (50, 7)
 
 
+SPIN = False  # set from the command line: spin the CPU instead of waiting
+
+
 def busy(ms: float) -> None:
+    """``ms`` of fixed compute: waiting (a GPU-bound model's host thread) or spinning a core."""
     end = time.perf_counter() + ms / 1000
+    if not SPIN and ms > 0.2:
+        time.sleep(max(0.0, ms / 1000 - 0.0002))  # sleep, then spin the last 0.2 ms for precision
     while time.perf_counter() < end:
         pass
 
@@ -45,6 +51,20 @@ def serve_ours(port: int, compute_ms: float) -> None:
     server = InferenceServer(StubPolicy(compute_ms), f"tcp://127.0.0.1:{port}")
     print("ready", flush=True)
     server.serve()
+
+
+def serve_floor(port: int, compute_ms: float) -> None:
+    """Echo server: receive the frames, wait the compute, reply a chunk-sized frame."""
+    import zmq  # noqa: PLC0415
+
+    sock = zmq.Context().socket(zmq.ROUTER)
+    sock.bind(f"tcp://127.0.0.1:{port}")
+    reply = np.zeros(STUB_CHUNK, np.float32).tobytes()
+    print("ready", flush=True)
+    while True:
+        frames = sock.recv_multipart(copy=False)
+        busy(compute_ms)
+        sock.send_multipart([frames[0], reply])
 
 
 def serve_lerobot(port: int, compute_ms: float) -> None:
@@ -79,4 +99,5 @@ def serve_lerobot(port: int, compute_ms: float) -> None:
 
 if __name__ == "__main__":
     kind, port, compute_ms = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-    {"ours": serve_ours, "lerobot": serve_lerobot}[kind](port, compute_ms)
+    SPIN = len(sys.argv) > 4 and sys.argv[4] == "spin"
+    {"ours": serve_ours, "lerobot": serve_lerobot, "floor": serve_floor}[kind](port, compute_ms)

@@ -33,9 +33,9 @@ def _free_port() -> int:
     return port
 
 
-def _start(kind: str, port: int, compute_ms: float) -> subprocess.Popen:
+def _start(kind: str, port: int, compute_ms: float, mode: str = "wait") -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "arli.bench.stub_servers", kind, str(port), str(compute_ms)],
+    proc = subprocess.Popen([sys.executable, "-m", "arli.bench.stub_servers", kind, str(port), str(compute_ms), mode],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
     line = proc.stdout.readline()
     if "ready" not in line:
@@ -52,7 +52,7 @@ def observation(seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def measure_ours(port: int, requests: int, warmup: int, compute_ms: float) -> np.ndarray:
-    from arli.transport.codec import decode, encode  # noqa: PLC0415
+    from arli.transport.codec import decode, encode_frames  # noqa: PLC0415
     import zmq  # noqa: PLC0415
 
     obs = observation()
@@ -60,13 +60,40 @@ def measure_ours(port: int, requests: int, warmup: int, compute_ms: float) -> np
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(f"tcp://127.0.0.1:{port}")
     out = []
-    for i in tqdm(range(warmup + requests), desc="ours (zmq)", unit="req", leave=False):
+    for i in tqdm(range(warmup + requests), desc="ours (zmq)", unit="req", leave=False, mininterval=1.0):
         start = time.perf_counter()
         images = {"front": obs["observation.images.front"], "wrist": obs["observation.images.wrist"]}
-        sock.send(encode("infer", request_id=i, t0=i, capture_ts=start, state=obs["observation.state"],
-                         images=images, delay_steps=0), copy=False)
-        msg = decode(sock.recv(copy=False).buffer)
+        sock.send_multipart(encode_frames("infer", request_id=i, t0=i, capture_ts=start,
+                                          state=obs["observation.state"], images=images, delay_steps=0),
+                            copy=False)
+        while not sock.poll(0):  # spin for the reply, as the runtime does near a control tick
+            pass
+        msg = decode([f.buffer for f in sock.recv_multipart(copy=False)])
         assert msg.kind == "chunk" and msg["actions"].shape == (50, 7)
+        if i >= warmup:
+            out.append(time.perf_counter() - start)
+    sock.close()
+    return (np.asarray(out) - compute_ms / 1000) * 1000
+
+
+def measure_floor(port: int, requests: int, warmup: int, compute_ms: float) -> np.ndarray:
+    """Raw pyzmq echo of the same bytes (no codec, no schema, no policy plumbing): what this
+    machine's loopback + ZeroMQ cost before any of our code runs."""
+    import zmq  # noqa: PLC0415
+
+    obs = observation()
+    payload = [b"x" * 120, memoryview(obs["observation.images.front"]).cast("B"),
+               memoryview(obs["observation.images.wrist"]).cast("B")]
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    out = []
+    for i in range(warmup + requests):
+        start = time.perf_counter()
+        sock.send_multipart(payload, copy=False)
+        while not sock.poll(0):
+            pass
+        sock.recv_multipart(copy=False)
         if i >= warmup:
             out.append(time.perf_counter() - start)
     sock.close()
@@ -85,7 +112,7 @@ def measure_lerobot(port: int, requests: int, warmup: int, compute_ms: float) ->
     stub = services_pb2_grpc.AsyncInferenceStub(channel)
     stub.Ready(services_pb2.Empty())
     out = []
-    for i in tqdm(range(warmup + requests), desc="lerobot (grpc)", unit="req", leave=False):
+    for i in tqdm(range(warmup + requests), desc="lerobot (grpc)", unit="req", leave=False, mininterval=1.0):
         start = time.perf_counter()
         timed = TimedObservation(timestamp=time.time(), timestep=i, observation=obs, must_go=True)
         stub.SendObservations(send_bytes_in_chunks(pickle.dumps(timed), services_pb2.Observation, silent=True))
@@ -100,28 +127,36 @@ def measure_lerobot(port: int, requests: int, warmup: int, compute_ms: float) ->
 
 def main(cfg: BenchTransportConfig) -> int:
     rows = {}
-    for name, measure in (("ours", measure_ours), ("lerobot", measure_lerobot)):
+    for name, measure in (("floor", measure_floor), ("ours", measure_ours), ("lerobot", measure_lerobot)):
         port = _free_port()
-        proc = _start(name, port, cfg.compute_ms)
+        proc = _start(name, port, cfg.compute_ms, cfg.stub_compute)
         try:
             rows[name] = measure(port, cfg.requests, cfg.warmup, cfg.compute_ms)
         finally:
             proc.kill()
             proc.wait()
+    floor = {"floor_p50_ms": float(np.percentile(rows["floor"], 50)),
+             "floor_p99_ms": float(np.percentile(rows["floor"], 99))}
     result = {"ours_p50_ms": float(np.percentile(rows["ours"], 50)),
               "ours_p99_ms": float(np.percentile(rows["ours"], 99)),
               "lerobot_p50_ms": float(np.percentile(rows["lerobot"], 50)),
               "lerobot_p99_ms": float(np.percentile(rows["lerobot"], 99))}
     result["ratio_p50"] = result["lerobot_p50_ms"] / result["ours_p50_ms"]
     targets = {"ours_p99_ms <= 1": result["ours_p99_ms"] <= 1.0, "ratio_p50 >= 20": result["ratio_p50"] >= 20}
-    payload = {**result, "targets_met": targets, "requests": cfg.requests, "compute_ms": cfg.compute_ms,
+    payload = {**result, **floor, "targets_met": targets, "requests": cfg.requests, "compute_ms": cfg.compute_ms,
+               "stub_compute": cfg.stub_compute,
                "observation": "2 x (224, 224, 3) uint8 + (8,) float32", "chunk": [50, 7],
                "machine": machine_info()}
     md = ["# Transport: chunk round-trip overhead on loopback", "",
           f"`arli bench transport` — {cfg.requests} sequential requests after {cfg.warmup} warm-up, "
-          f"stub policy with {cfg.compute_ms} ms of fixed compute returning a 50 x 7 chunk; observation "
-          "two 224 x 224 x 3 uint8 images + an 8-d state. Overhead = client round trip - stub compute.", "",
+          f"stub policy with {cfg.compute_ms} ms of fixed compute ({cfg.stub_compute}: "
+          + ("the host thread waits, as for a GPU-bound model" if cfg.stub_compute == "wait" else "spinning a core")
+          + ") returning a 50 x 7 chunk; observation two 224 x 224 x 3 uint8 images + an 8-d state. "
+          "Overhead = client round trip - stub compute. Our client spins on the socket for the reply (the "
+          "runtime does the same near a control tick); LeRobot's client makes its two blocking gRPC calls.", "",
           "| path | p50 (ms) | p99 (ms) |", "|---|---:|---:|",
+          f"| floor: raw pyzmq echo of the same bytes (no codec, no policy plumbing) | {floor['floor_p50_ms']:.3f} | "
+          f"{floor['floor_p99_ms']:.3f} |",
           f"| ours: ZeroMQ DEALER/ROUTER, msgpack + raw numpy | {result['ours_p50_ms']:.3f} | {result['ours_p99_ms']:.3f} |",
           f"| LeRobot 0.4.4 async inference: gRPC, pickle, `SendObservations` + `GetActions` | "
           f"{result['lerobot_p50_ms']:.3f} | {result['lerobot_p99_ms']:.3f} |", "",
@@ -129,7 +164,7 @@ def main(cfg: BenchTransportConfig) -> int:
           "Targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in targets.items()), "",
           f"Machine: {machine_info()}", ""]
     write_report(cfg.report_dir, "transport", payload, "\n".join(md))
-    print("\n".join(md[6:10]))
+    print("\n".join(md[4:10]))
     if cfg.json:
         print_last_line_json(result)
     return 0

@@ -87,7 +87,7 @@ class LearnerService:
         return True
 
     # -- messages ----------------------------------------------------------------------
-    def handle(self, frame: bytes, identity: bytes = b"") -> bytes:
+    def handle(self, frame, identity: bytes = b"") -> bytes:
         try:
             msg = decode(frame)
             if msg.kind != "transitions":
@@ -144,7 +144,7 @@ class LearnerService:
                 frames = self.router.recv_multipart()
                 if len(frames) >= 2:
                     before = self.env_steps
-                    self.router.send_multipart([frames[0], self.handle(frames[-1], frames[0])])
+                    self.router.send_multipart([frames[0], self.handle(frames[1:], frames[0])])
                     if progress is not None and self.env_steps > before:
                         progress(self)
             for _ in range(min(int(self._owed), 8)):
@@ -165,7 +165,7 @@ class LearnerService:
             if self.router.poll(50):
                 frames = self.router.recv_multipart()
                 if len(frames) >= 2:
-                    self.router.send_multipart([frames[0], self.handle(frames[-1], frames[0])])
+                    self.router.send_multipart([frames[0], self.handle(frames[1:], frames[0])])
         self.save()
 
     def close(self) -> None:

@@ -148,7 +148,7 @@ class LearnerLink:
                     self.send_from = self.applied + 1
                 for sock, _ in poller.poll(20):
                     try:
-                        msg = decode(sock.recv(zmq.NOBLOCK))
+                        msg = decode(sock.recv_multipart(zmq.NOBLOCK))
                     except (ProtocolError, zmq.Again) as exc:
                         log.warning("bad message from the learner: %s", exc)
                         continue

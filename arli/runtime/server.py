@@ -46,8 +46,8 @@ class InferenceServer:
         self.stats = {"requests": 0, "errors": 0, "clients": set()}
 
     # -- one message -------------------------------------------------------------------
-    def handle(self, frame: bytes) -> bytes:
-        """Reply frame for one request frame (never raises)."""
+    def handle(self, frame) -> bytes:
+        """Reply frame for one request (a frame, or [body, data frames...]); never raises."""
         recv = time.perf_counter()
         request_id = None
         self.last_was_infer = False
@@ -92,24 +92,25 @@ class InferenceServer:
     def serve(self, stop: threading.Event | None = None, max_seconds: float | None = None) -> None:
         """Serve until ``stop`` is set (or ``max_seconds`` pass)."""
         deadline = None if max_seconds is None else time.perf_counter() + max_seconds
-        poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
         log.info("serving %s on %s (chunk %d x %d)", self.meta["policy"], self.address,
                  self.meta["chunk_size"], self.meta["action_dim"])
         while not (stop is not None and stop.is_set()):
-            now = time.perf_counter()
-            if deadline is not None and now > deadline:
-                break
-            self._flush(now)
-            wait_ms = 50.0 if not self._due else max(0.0, (self._due[0][0] - now) * 1000)
-            if poller.poll(min(wait_ms, 50.0)):
+            wait_ms = 50
+            if self._due or deadline is not None:
+                now = time.perf_counter()
+                if deadline is not None and now > deadline:
+                    break
+                self._flush(now)
+                if self._due:
+                    wait_ms = min(50, max(0, int((self._due[0][0] - now) * 1000)))
+            if self.sock.poll(wait_ms):
                 frames = self.sock.recv_multipart(copy=False)
                 if len(frames) < 2:
                     continue
-                identity, payload = frames[0].bytes, frames[-1].buffer
+                identity, payload = frames[0].bytes, [f.buffer for f in frames[1:]]
                 self.stats["clients"].add(identity)
                 recv = time.perf_counter()
-                reply = self.handle(bytes(payload))
+                reply = self.handle(payload)
                 due = recv + self.min_latency_s
                 if not self.last_was_infer or due <= time.perf_counter():
                     self.sock.send_multipart([identity, reply])

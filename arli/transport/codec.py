@@ -1,9 +1,11 @@
 """Wire codec: msgpack maps with raw numpy buffers, versioned, schema-checked on receipt.
 
 A message is one msgpack map ``{"v": PROTOCOL_VERSION, "kind": <str>, ...fields}``. Arrays
-travel as msgpack extension type ``NDARRAY_EXT``: a small msgpack header ``[dtype, shape]``
-followed by the array's raw C-order bytes — zero pickling, zero code execution on decode,
-and only dtypes from ``DTYPES``. ``decode`` checks, in this order: the frame size, that it
+travel as msgpack extension type ``NDARRAY_EXT``: a 2-byte header length, a small msgpack
+header ``[dtype, shape]`` and the array's raw C-order bytes; or, with ``encode_frames``, as
+``NDARRAY_FRAME_EXT`` ``[dtype, shape, frame index]`` whose bytes are a separate ZeroMQ
+frame sent without copying (images). Zero pickling, zero code execution on decode, and
+only dtypes from ``DTYPES``. ``decode`` checks, in this order: the frame size, that it
 parses, the version, the kind, then every field against ``SCHEMAS[kind]``; any failure is a
 ``ProtocolError`` whose ``code`` says which (``too_large``, ``malformed``, ``version``,
 ``unknown_kind``, ``schema``) and whose message names the field.
@@ -11,6 +13,7 @@ parses, the version, the kind, then every field against ``SCHEMAS[kind]``; any f
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +22,8 @@ import numpy as np
 
 PROTOCOL_VERSION = 1
 NDARRAY_EXT = 1
+NDARRAY_FRAME_EXT = 2  # header [dtype, shape, frame index]: the bytes travel as their own ZMQ frame
+OUT_OF_BAND_BYTES = 32 * 1024  # arrays this large go out of band (zero-copy) in encode_frames
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # default frame limit (two 224x224x3 images are 0.3 MB)
 MAX_NDIM = 6
 DTYPES = ("float32", "float64", "uint8", "int32", "int64", "bool")
@@ -34,12 +39,16 @@ class ProtocolError(ValueError):
 
 
 # -- arrays ----------------------------------------------------------------------------------
+_ITEMSIZE = {name: np.dtype(name).itemsize for name in DTYPES}
+
+
 def _pack_array(arr: np.ndarray) -> msgpack.ExtType:
     if arr.dtype.name not in DTYPES:
         raise TypeError(f"cannot send arrays of dtype {arr.dtype}; allowed: {DTYPES}")
     arr = np.ascontiguousarray(arr)
     header = msgpack.packb([arr.dtype.name, list(arr.shape)])
-    return msgpack.ExtType(NDARRAY_EXT, header + arr.tobytes())
+    # [u16 header length][header][raw bytes]: the header is parsed without scanning the data
+    return msgpack.ExtType(NDARRAY_EXT, len(header).to_bytes(2, "little") + header + arr.tobytes())
 
 
 def _default(obj: Any) -> Any:
@@ -51,29 +60,46 @@ def _default(obj: Any) -> Any:
                     "dicts or numpy arrays")
 
 
-def _ext_hook(code: int, data: bytes) -> np.ndarray:
-    if code != NDARRAY_EXT:
+def _ext_hook(code: int, data: bytes, buffers: list | None = None, used: set | None = None) -> np.ndarray:
+    if code not in (NDARRAY_EXT, NDARRAY_FRAME_EXT) or (code == NDARRAY_FRAME_EXT and buffers is None):
         raise ProtocolError("malformed", f"unknown extension type {code}")
-    unpacker = msgpack.Unpacker(max_buffer_size=len(data), max_array_len=MAX_NDIM + 2,
-                                max_str_len=16, max_bin_len=0, max_map_len=0, max_ext_len=0)
-    unpacker.feed(data)
+    view = memoryview(data)
+    if code == NDARRAY_EXT:
+        if len(view) < 2:
+            raise ProtocolError("malformed", "array extension shorter than its header length")
+        offset = 2 + int.from_bytes(view[:2], "little")
+        raw_header = view[2:offset]
+    else:
+        offset, raw_header = len(view), view
     try:
-        header = unpacker.unpack()
+        header = msgpack.unpackb(raw_header, max_array_len=MAX_NDIM + 2, max_str_len=16, max_bin_len=0,
+                                 max_map_len=0, max_ext_len=0)
     except Exception as exc:  # any parse failure of the header is the sender's fault
         raise ProtocolError("malformed", f"bad array header: {exc}") from None
-    offset = unpacker.tell()
-    if not (isinstance(header, list) and len(header) == 2 and isinstance(header[0], str)
+    n_fields = 2 if code == NDARRAY_EXT else 3
+    if not (isinstance(header, list) and len(header) == n_fields and isinstance(header[0], str)
             and isinstance(header[1], list)):
-        raise ProtocolError("malformed", "array header must be [dtype, shape]")
-    dtype, shape = header
+        raise ProtocolError("malformed", "array header must be [dtype, shape]" + ("" if n_fields == 2 else " + frame"))
+    dtype, shape = header[0], header[1]
     if dtype not in DTYPES:
         raise ProtocolError("malformed", f"array dtype {dtype!r} not allowed; allowed: {DTYPES}")
     if len(shape) > MAX_NDIM or not all(isinstance(s, int) and 0 <= s < 2**31 for s in shape):
         raise ProtocolError("malformed", f"bad array shape {shape!r}")
-    expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    if expected != len(data) - offset:
+    expected = math.prod(shape) * _ITEMSIZE[dtype]
+    if code == NDARRAY_FRAME_EXT:
+        index = header[2]
+        if not (isinstance(index, int) and 0 <= index < len(buffers)) or index in used:
+            raise ProtocolError("malformed", f"array refers to frame {index!r}; the message has {len(buffers)} "
+                                "unused data frames")
+        used.add(index)
+        buf = buffers[index]
+        if expected != len(buf):
+            raise ProtocolError("malformed", f"array of shape {shape} {dtype} needs {expected} bytes, its frame "
+                                f"has {len(buf)}")
+        return np.frombuffer(buf, dtype=dtype).reshape(shape)
+    if offset > len(view) or expected != len(view) - offset:
         raise ProtocolError("malformed", f"array of shape {shape} {dtype} needs {expected} bytes, "
-                            f"got {len(data) - offset}")
+                            f"got {len(view) - offset}")
     return np.frombuffer(data, dtype=dtype, offset=offset).reshape(shape)
 
 
@@ -183,13 +209,41 @@ def encode(kind: str, check: bool = True, **fields: Any) -> bytes:
                          use_bin_type=True)
 
 
-def decode(frame: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
-    """Parse and check one frame -> Message; every failure is a ProtocolError."""
-    if len(frame) > max_bytes:
-        raise ProtocolError("too_large", f"message of {len(frame)} bytes exceeds the limit of {max_bytes}")
+def encode_frames(kind: str, **fields: Any) -> list:
+    """Like ``encode``, but arrays of >= OUT_OF_BAND_BYTES travel as their own frames
+    (sent zero-copy with ``send_multipart(..., copy=False)``): [body, data frames...]."""
+    validate(kind, fields)
+    buffers: list = []
+
+    def default(obj: Any) -> Any:
+        if isinstance(obj, np.ndarray) and obj.nbytes >= OUT_OF_BAND_BYTES:
+            if obj.dtype.name not in DTYPES:
+                raise TypeError(f"cannot send arrays of dtype {obj.dtype}; allowed: {DTYPES}")
+            arr = np.ascontiguousarray(obj)
+            buffers.append(memoryview(arr).cast("B"))
+            return msgpack.ExtType(NDARRAY_FRAME_EXT, msgpack.packb([arr.dtype.name, list(arr.shape),
+                                                                      len(buffers) - 1]))
+        return _default(obj)
+
+    body = msgpack.packb({"v": PROTOCOL_VERSION, "kind": kind, **fields}, default=default, use_bin_type=True)
+    return [body, *buffers]
+
+
+def decode(frame, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
+    """Parse and check one message -> Message; every failure is a ProtocolError.
+
+    ``frame``: one frame (bytes-like), or a list of frames [body, data frames...] as made by
+    ``encode_frames``; every data frame must be referenced exactly once."""
+    frames = list(frame) if isinstance(frame, (list, tuple)) else [frame]
+    if not frames:
+        raise ProtocolError("malformed", "empty message")
+    size = sum(len(f) for f in frames)
+    if size > max_bytes:
+        raise ProtocolError("too_large", f"message of {size} bytes exceeds the limit of {max_bytes}")
+    body, buffers, used = frames[0], frames[1:], set()
     try:
-        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, ext_hook=_ext_hook,
-                              use_list=True)
+        obj = msgpack.unpackb(body, raw=False, strict_map_key=True,
+                              ext_hook=lambda code, data: _ext_hook(code, data, buffers, used), use_list=True)
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises several types (ExtraData, FormatError, ValueError, ...)
@@ -203,6 +257,8 @@ def decode(frame: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     kind = obj.pop("kind", None)
     if not isinstance(kind, str):
         raise ProtocolError("malformed", "message has no 'kind' string")
+    if len(used) != len(buffers):
+        raise ProtocolError("malformed", f"{len(buffers) - len(used)} data frame(s) not referenced by the message")
     validate(kind, obj)
     return Message(kind, obj)
 

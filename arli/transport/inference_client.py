@@ -18,7 +18,7 @@ import numpy as np
 import zmq
 
 from arli.runtime.inference import ChunkReply
-from arli.transport.codec import MAX_MESSAGE_BYTES, ProtocolError, decode, encode
+from arli.transport.codec import MAX_MESSAGE_BYTES, ProtocolError, decode, encode, encode_frames
 from arli.transport.zmq_io import ConnectionMonitor, CurveConfig, connect_socket
 from arli.types import ChunkRequest, Observation
 
@@ -70,7 +70,7 @@ class RemoteInference:
                     time.sleep(0.01)
                     continue
             if self.sock.poll(10):
-                msg = decode(self.sock.recv(), self.max_bytes)
+                msg = decode(self.sock.recv_multipart(), self.max_bytes)
                 if msg.kind == "error":
                     raise ServerError(f"server {self.address}: [{msg['code']}] {msg['message']}")
                 if msg.kind == expect:
@@ -119,7 +119,7 @@ class RemoteInference:
         if request.guidance is not None:
             fields["guidance"] = np.asarray(request.guidance, np.float32)
         try:
-            self.sock.send(encode("infer", **fields), zmq.NOBLOCK)
+            self.sock.send_multipart(encode_frames("infer", **fields), zmq.NOBLOCK, copy=False)
         except zmq.Again:  # no connected server (IMMEDIATE): the caller holds and retries
             return False
         self._sent[request.request_id] = (float(obs.timestamp), time.perf_counter())
@@ -131,7 +131,7 @@ class RemoteInference:
         up to control periods)."""
         if self.sock.poll(max(0, int(timeout_s * 1000))):
             while self.sock.poll(0):
-                self._inbox.append((time.perf_counter(), self.sock.recv(zmq.NOBLOCK)))
+                self._inbox.append((time.perf_counter(), self.sock.recv_multipart(zmq.NOBLOCK)))
 
     def poll(self, step: int) -> list[ChunkReply]:
         self.drain(0.0)
