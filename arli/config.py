@@ -395,6 +395,7 @@ class ActorConfig:
     max_episodes: int = 0  # 0 = until the learner is done
     seed: int = 0
     weights_timeout_s: float = 300.0
+    spin_s: float = 0.002  # spin before each tick; = env.dt on a dedicated core keeps the residual hot
     output_dir: str = "outputs/actor_${actor_id}"  # latency trace + stats
 
 
@@ -507,6 +508,7 @@ class BenchRuntimeConfig:
     steps: int = 2000
     compute_ms: float = 20.0  # stub policy compute
     min_latency_s: float = 0.2  # replies padded: requests in flight half the time
+    spin_s: float = 0.002  # the loop spins (instead of sleeping) this long before each tick
     json: bool = False
     report_dir: str = "reports"
 

@@ -89,7 +89,7 @@ def main(cfg: BenchRuntimeConfig) -> int:
         arrays = {k: v.detach().numpy() for k, v in actor.state_dict().items()}
         ctl = RemoteResidualController(ResidualActing(lcfg, arrays, driver.action_dim), builder, link)
         scheduler = ChunkScheduler(16, 8, driver.action_dim, "async", "naive", 4, hold=gripper_hold(5))
-        clock = MonotonicClock(driver.dt)
+        clock = MonotonicClock(driver.dt, spin_s=cfg.spin_s)
         requests, seed = 0, 0
         with tqdm(total=cfg.steps, desc=f"runtime @ {1 / driver.dt:.0f} Hz", unit="step", mininterval=1.0) as bar:
             while len(clock.errors) < cfg.steps:  # episodes until the step budget is spent
@@ -108,7 +108,7 @@ def main(cfg: BenchRuntimeConfig) -> int:
     targets = {"loop_error_p99_ms <= 1": out["loop_error_p99_ms"] <= 1.0,
                "residual_p99_ms <= 0.3": out["residual_p99_ms"] <= 0.3}
     in_flight = float(np.mean([r["latency_s"] for r in inference.records])) if inference.records else 0.0
-    payload = {**out, "targets_met": targets, "steps": len(errors), "rate_hz": 1 / cfg.env.dt,
+    payload = {**out, "targets_met": targets, "spin_s": cfg.spin_s, "steps": len(errors), "rate_hz": 1 / cfg.env.dt,
                "requests": requests, "mean_request_latency_s": in_flight,
                "residual_p50_ms": float(np.percentile(residual, 50)), "overruns": clock.overruns,
                "max_loop_error_ms": float(errors.max()), "machine": machine_info()}
@@ -119,11 +119,12 @@ def main(cfg: BenchRuntimeConfig) -> int:
           f"(task {cfg.env.name}, sim driver), {requests} chunk requests to a real inference server process "
           f"(stub policy, {cfg.compute_ms} ms compute, replies padded to {cfg.min_latency_s * 1000:.0f} ms: a request "
           "is in flight during half of all steps), the ARLI residual (numpy forward, 128 hidden) every step, "
-          "transitions spooled for an unreachable learner.", "",
+          f"transitions spooled for an unreachable learner; the loop sleeps until {cfg.spin_s * 1000:.0f} ms before "
+          "each tick, then spins. The residual step is timed from the ARLI state to the executed action.", "",
           "| measure | p50 (ms) | p99 (ms) | target |", "|---|---:|---:|---|",
           f"| control-loop timing error | {out['loop_error_p50_ms']:.3f} | {out['loop_error_p99_ms']:.3f} | "
           f"p99 <= 1 ms: {'met' if targets['loop_error_p99_ms <= 1'] else 'NOT met'} |",
-          f"| residual step (state + forward + bookkeeping) | {payload['residual_p50_ms']:.3f} | "
+          f"| residual step (ARLI state + forward; bookkeeping runs after the action is sent) | {payload['residual_p50_ms']:.3f} | "
           f"{out['residual_p99_ms']:.3f} | p99 <= 0.3 ms: {'met' if targets['residual_p99_ms <= 0.3'] else 'NOT met'} |",
           "", f"Overruns (a step started more than one period late): {clock.overruns}; worst timing error "
           f"{payload['max_loop_error_ms']:.2f} ms.", "", "![histograms](runtime.png)", "",

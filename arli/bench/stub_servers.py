@@ -42,7 +42,7 @@ class StubPolicy:
 
     def predict_actions(self, state, committed_prefix=None, delay_steps=None, image=None, guidance=None):
         busy(self.compute_ms)
-        return np.zeros(STUB_CHUNK, np.float32)
+        return np.zeros((self.chunk_size, self.action_dim), np.float32)
 
 
 def serve_ours(port: int, compute_ms: float) -> None:

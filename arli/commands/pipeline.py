@@ -142,7 +142,7 @@ def actor_main(cfg: ActorConfig) -> int:
     seeds = (base_seed + i for i in range(10**6) if not stop.is_set())
     try:
         stats, ctl = run_actor(driver, inference, link, chunking, seeds, cfg.weights_timeout_s,
-                               cfg.max_episodes or None, on_episode, cfg.seed)
+                               cfg.max_episodes or None, on_episode, cfg.seed, cfg.spin_s)
         flushed = link.flush(timeout_s=15)
     finally:
         link.close()

@@ -109,18 +109,30 @@ class NumpyResidualActor:
         self.load(arrays)
 
     def load(self, arrays: dict[str, np.ndarray]) -> None:
-        get = lambda k: np.array(arrays[k], np.float64)  # noqa: E731 - float64: tiny, exact enough
-        self.w1, self.b1 = get("net.0.weight").T.copy(), get("net.0.bias")
+        def get(key: str, transpose: bool = False) -> np.ndarray:
+            a = np.asarray(arrays[key], np.float32)
+            return np.ascontiguousarray(a.T if transpose else a)
+
+        self.w1, self.b1 = get("net.0.weight", True), get("net.0.bias")
         self.g, self.beta = get("net.1.weight"), get("net.1.bias")
-        self.w2, self.b2 = get("net.3.weight").T.copy(), get("net.3.bias")
-        self.w3, self.b3 = get("net.5.weight").T.copy(), get("net.5.bias")
+        self.w2, self.b2 = get("net.3.weight", True), get("net.3.bias")
+        self.w3, self.b3 = get("net.5.weight", True), get("net.5.bias")
+        self.hidden = self.b1.shape[0]
 
     def __call__(self, state: np.ndarray) -> np.ndarray:
-        h = state @ self.w1 + self.b1
-        mu, var = h.mean(), h.var()
-        h = np.maximum((h - mu) / np.sqrt(var + 1e-5) * self.g + self.beta, 0.0)
-        h = np.maximum(h @ self.w2 + self.b2, 0.0)
-        return np.tanh(h @ self.w3 + self.b3)
+        """state (D,) -> r (m,); float32, in-place where it saves allocations."""
+        h = np.dot(np.asarray(state, np.float32), self.w1)
+        h += self.b1
+        h -= h.mean()
+        h *= self.g * np.float32(1.0 / math.sqrt(float(np.dot(h, h)) / self.hidden + 1e-5))  # LayerNorm
+        h += self.beta
+        np.maximum(h, 0.0, out=h)
+        h = np.dot(h, self.w2)
+        h += self.b2
+        np.maximum(h, 0.0, out=h)
+        out = np.dot(h, self.w3)
+        out += self.b3
+        return np.tanh(out, out=out)
 
 
 class ResidualActing:
@@ -134,7 +146,10 @@ class ResidualActing:
         self.updates = 0
 
     def act(self, state: np.ndarray, base: np.ndarray, explore: bool) -> np.ndarray:
-        r = self.actor(np.asarray(state, np.float64))
+        r = self.actor(state)
         if explore:
-            r = r + self.cfg.exploration_std * self.rng.standard_normal(r.shape)
-        return compose_action(np.asarray(base, np.float32), np.clip(r, -1.0, 1.0), self.cfg.residual_scale)
+            r += np.float32(self.cfg.exploration_std) * self.rng.standard_normal(r.shape, np.float32)
+            np.clip(r, -1.0, 1.0, out=r)
+        r *= np.float32(self.cfg.residual_scale)
+        r += base
+        return np.clip(r, -1.0, 1.0, out=r)

@@ -86,14 +86,15 @@ class ResidualController(StepController):
         self.takeovers = 0
         self.last_stats: dict[str, float] = {}
         self.trace: list[list[tuple]] | None = [] if trace else None
-        self._pending: list | None = None
+        self._pending: list | None = None  # the last executed step, completed by the next state
+        self._current: list | None = None  # this step's, between act and after_step
         self.intervened_episode = False
 
     def begin_episode(self) -> None:
         """Before every episode (``run_episode`` calls it): clears the n-step window, draws
         whether the intervener watches this one."""
         self.acc.reset()
-        self._pending = None
+        self._pending = self._current = None
         self.intervened_episode = False
         if self.trace is not None:
             self.trace.append([])
@@ -113,15 +114,18 @@ class ResidualController(StepController):
             action = takeover
             self.intervened_steps += 1
             self.intervened_episode = True
-        if self._pending is not None:
-            if source != ONLINE and self._pending[4] == ONLINE:  # the robot's step caused a takeover
-                self.takeovers += 1
-                self._pending[3] -= self.intervention.spec.takeover_penalty
-            self._complete(state, info.base_action, terminated=False)
-        self._pending = [state, info.base_action.copy(), action, 0.0, source]
+        # bookkeeping of the previous step waits until this action has been sent (after_step)
+        self._current = [state, info.base_action.copy(), action, 0.0, source]
         return action
 
     def after_step(self, t: int, reward: float, terminated: bool, truncated: bool) -> None:
+        current, self._current = self._current, None
+        if self._pending is not None:  # s_t completes the previous step's transition
+            if current[4] != ONLINE and self._pending[4] == ONLINE:  # the robot's step caused a takeover
+                self.takeovers += 1
+                self._pending[3] -= self.intervention.spec.takeover_penalty
+            self._complete(current[0], current[1], terminated=False)
+        self._pending = current
         self._pending[3] += reward
         if self.trace is not None:
             self.trace[-1].append((self._pending[0], self._pending[2], reward))

@@ -55,6 +55,12 @@ class RemoteResidualController(ResidualController):
             self.learner.actor.load(arrays)
             self.version, self.done = version, bool(meta.get("done", False))
 
+    def warm(self) -> None:
+        """Before the tick: new weights in, and one forward pass so the step's pass is warm."""
+        self.swap_weights()
+        if self._pending is not None:
+            self.learner.actor(self._pending[0])
+
     def act(self, t: int, obs: Observation, info: StepInfo) -> np.ndarray:
         self.swap_weights()
         start = time.perf_counter()
@@ -104,14 +110,14 @@ def wait_for_weights(link: LearnerLink, timeout_s: float) -> tuple[int, dict, di
 
 
 def run_actor(driver, inference, link: LearnerLink, chunking: dict, seeds, weights_timeout_s: float = 120.0,
-              max_episodes: int | None = None, on_episode=None, seed: int = 0) -> tuple[ActorStats, RemoteResidualController]:
+              max_episodes: int | None = None, on_episode=None, seed: int = 0, spin_s: float = 0.002) -> tuple[ActorStats, RemoteResidualController]:
     """Episodes until the learner says it is done (or ``max_episodes``)."""
     version, arrays, meta = wait_for_weights(link, weights_timeout_s)
     learner, builder = residual_from_weights(arrays, meta, driver.state_dim, driver.action_dim, seed)
     ctl = RemoteResidualController(learner, builder, link)
     ctl.version, ctl.done = version, bool(meta.get("done", False))
     scheduler = ChunkScheduler(inference.chunk_size, action_dim=driver.action_dim, **chunking)
-    clock = MonotonicClock(driver.dt)
+    clock = MonotonicClock(driver.dt, spin_s=spin_s)
     stats = ActorStats()
     for seed in seeds:
         if ctl.done or (max_episodes is not None and stats.episodes >= max_episodes):

@@ -17,7 +17,7 @@ class SimClock:
     def start(self) -> None:
         """Nothing to align."""
 
-    def wait(self, step: int, idle=None) -> None:
+    def wait(self, step: int, idle=None, warm=None) -> None:
         """Sim time: step ``step`` is due now."""
 
     def now(self, step: int | None = None) -> float:
@@ -40,19 +40,23 @@ class MonotonicClock:
         self.t_start = time.perf_counter()
         self.errors: list[float] = []
         self.overruns = 0
+        self._offset = 0  # periods skipped after overruns
 
     def start(self) -> None:
         self.t_start = time.perf_counter()
         self._offset = 0
 
-    def wait(self, step: int, idle: Callable[[float], None] | None = None) -> None:
+    def wait(self, step: int, idle: Callable[[float], None] | None = None,
+             warm: Callable[[], None] | None = None) -> None:
         """Until tick ``step``; ``idle(timeout_s)`` is called with the time to spare (an
-        endpoint receives and timestamps replies in it) until the final spin."""
-        target = self.t_start + (step + getattr(self, "_offset", 0)) * self.dt
+        endpoint receives and timestamps replies in it) until the final spin; ``warm()`` runs
+        once just before the spin (the residual touches its weights, so the step's forward
+        pass does not start from caches the idle period emptied)."""
+        target = self.t_start + (step + self._offset) * self.dt
         now = time.perf_counter()
         if now > target + self.dt:  # overran a whole period: re-anchor, count it
             self.overruns += 1
-            self._offset = getattr(self, "_offset", 0) + int((now - target) // self.dt)
+            self._offset = self._offset + int((now - target) // self.dt)
             target = self.t_start + (step + self._offset) * self.dt
         remaining = target - now
         while remaining > self.spin_s:
@@ -61,8 +65,11 @@ class MonotonicClock:
             else:
                 time.sleep(remaining - self.spin_s)
             remaining = target - time.perf_counter()
+        if warm is not None:
+            warm()
         while time.perf_counter() < target:
-            pass
+            if idle is not None:
+                idle(0.0)  # replies that land while spinning are still stamped on arrival
         self.errors.append(time.perf_counter() - target)
 
     def now(self, step: int | None = None) -> float:

@@ -84,7 +84,7 @@ def run_episode(driver: RobotDriver, inference: InferenceEndpoint, scheduler: Ch
     clock.start()
     t, done, terminated, truncated = 0, False, False, False
     while not done:
-        clock.wait(t, getattr(inference, "drain", None))
+        clock.wait(t, getattr(inference, "drain", None), getattr(ctl, "warm", None))
         obs = driver.observe()  # o_t, captured at the tick
         land(t)  # replies that arrived during the last period switch in first
         flight = scheduler.in_flight
