@@ -148,10 +148,10 @@ def test_fuzz_decoder_only_raises_protocol_errors(base, seed):
     frame = SEEDS[base] if isinstance(base, int) else base
     rng = random.Random(seed)
     for _ in range(MUTATIONS_PER_EXAMPLE):
-        start = time.perf_counter()
+        start = time.thread_time()  # CPU time: a busy machine must not look like a hang
         try:
             decode(frame, max_bytes=1 << 20)
         except ProtocolError:
             pass
-        assert time.perf_counter() - start < 0.5, "decoder hung on a frame"
+        assert time.thread_time() - start < 0.5, "decoder hung on a frame"
         frame = mutate(frame, rng) if rng.random() < 0.8 else mutate(rng.choice(SEEDS), rng)

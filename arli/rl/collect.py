@@ -15,6 +15,8 @@ from arli.rl.learner import ResidualLearner
 from arli.rl.replay import INTERVENTION, ONLINE, NStepAccumulator, ReplayBuffer
 from arli.runtime.loop import StepController
 from arli.types import Observation, StepInfo
+from robot_drivers.teleop.base import TeleopDevice
+from robot_drivers.teleop.scripted import ScriptedOperator
 
 DIAGNOSTICS_EVERY = 250  # updates between measured ones (TD error per source, grad norms)
 Expert = Callable[[np.ndarray], np.ndarray]
@@ -22,42 +24,47 @@ Expert = Callable[[np.ndarray], np.ndarray]
 
 @dataclass
 class Intervention:
-    """Simulated human intervener (a scripted expert standing in for the SpaceMouse operator).
+    """The online intervener, behind the device interface (``robot_drivers.teleop``).
 
-    Settings in ``spec``. In a share ``prob`` of episodes the intervener watches; then
-    * ``takeover``: takes over at step ``after`` and acts until the episode ends;
-    * ``corrective`` (HG-DAgger-style): from step ``after`` on, when the robot's action differs
-      from the expert's by more than ``threshold`` (max over action dims) for ``patience``
-      consecutive steps, takes over for ``segment`` steps, then hands control back. As the
-      residual improves it triggers less, like a human who stops correcting a good robot.
+    Settings in ``spec``. In a share ``prob`` of episodes the intervener watches; from step
+    ``after`` on it acts whenever its device says the operator holds control:
+    * ``device=None`` (sim): the scripted expert as ``ScriptedOperator`` in ``corrective``
+      mode (HG-DAgger-style: takes over after ``patience`` steps of the robot's action
+      differing from the expert's by more than ``threshold``, drives ``segment`` steps, hands
+      back; as the residual improves it triggers less, like a human who stops correcting a
+      good robot), or the expert for the rest of the episode in ``takeover`` mode;
+    * a real device (SpaceMouse, gamepad, keyboard): the operator's take-over / hand-back.
     """
 
-    expert: Expert
+    expert: Expert | None
     spec: InterventionSpec
+    device: TeleopDevice | None = None
 
     def __post_init__(self) -> None:
         self.spec.validate()
+        if self.device is None:
+            if self.expert is None:
+                raise ValueError("an intervener needs a scripted expert or a device")
+            s = self.spec
+            self.device = ScriptedOperator(self.expert, s.threshold, s.patience, s.segment)
         self.begin_episode(watching=False)
 
     def begin_episode(self, watching: bool) -> None:
-        self.watching, self._over, self._left = watching, 0, 0
+        self.watching = watching
+        if isinstance(self.device, ScriptedOperator):
+            self.device.reset()
 
     def decide(self, t: int, state: np.ndarray, proposed: np.ndarray) -> np.ndarray | None:
         """The intervener's action (m,) for step t, or None to let the robot act ``proposed``."""
         spec = self.spec
         if not self.watching or t < spec.after:
             return None
-        expert_action = np.asarray(self.expert(state), np.float32)
-        if spec.mode == "takeover":
-            return expert_action
-        if self._left == 0:
-            self._over = self._over + 1 if np.max(np.abs(proposed - expert_action)) > spec.threshold else 0
-            if self._over >= spec.patience:
-                self._left, self._over = spec.segment, 0
-        if self._left > 0:
-            self._left -= 1
-            return expert_action
-        return None
+        if spec.mode == "takeover" and self.expert is not None:
+            return np.asarray(self.expert(state), np.float32)
+        if isinstance(self.device, ScriptedOperator):
+            self.device.observe(state, proposed)
+        command = self.device.poll()
+        return command.action() if self.device.active else None
 
 
 class ResidualController(StepController):

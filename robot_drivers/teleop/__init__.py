@@ -1,0 +1,2 @@
+"""Intervention devices behind one interface: SpaceMouse, gamepad, keyboard, and the
+scripted expert standing in for a human in sim."""
