@@ -43,6 +43,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                       "robot runtime at 20 Hz: loop timing error and residual latency, requests in flight"),
     "bench pipeline": ("bench_pipeline", "arli.bench.pipeline:main",
                        "multi-process sim run (2 actors, 1 learner) vs in-process run, same config"),
+    "bench interventions": ("bench_interventions", "arli.bench.interventions:main",
+                            "hil finetuning: intervention rate falling as the residual learns"),
     "bench sim": ("bench_sim", "arli.bench.sim:main",
                   "control steps/s of our default task vs robosuite Lift"),
 }

@@ -543,3 +543,26 @@ def validate_bench_pipeline(cfg: BenchPipelineConfig) -> None:
 
 
 SCHEMAS["bench_pipeline"] = (BenchPipelineConfig, validate_bench_pipeline)
+
+
+@dataclass
+class BenchInterventionsConfig:
+    """``arli bench interventions``: intervention rate over a hil finetuning run."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    env_steps: int = 10_000
+    window: int = 20  # training episodes per point
+    run_dir: str = "outputs/interventions"
+    overrides: list[str] = field(default_factory=list)  # extra `arli finetune` overrides
+    report_only: bool = False
+    json: bool = False
+    report_dir: str = "reports"
+
+
+def validate_bench_interventions(cfg: BenchInterventionsConfig) -> None:
+    validate_env(cfg.env)
+    _require(cfg.env_steps >= 100, "env_steps", ">= 100", cfg.env_steps)
+    _require(cfg.window >= 1, "window", ">= 1", cfg.window)
+
+
+SCHEMAS["bench_interventions"] = (BenchInterventionsConfig, validate_bench_interventions)

@@ -72,6 +72,7 @@ class Finetuner:
         self.history: list[dict] = []
         self.successes: list[bool] = []  # every training episode (assisted or not)
         self.assisted: list[bool] = []  # whether the intervener acted in it
+        self.episode_log: list[dict] = []  # per training episode: steps, intervened steps, success
 
     # -- data ----------------------------------------------------------------------------
     def _run(self, controller: ResidualController) -> bool:
@@ -118,7 +119,7 @@ class Finetuner:
                    unit="step", disable=not progress, mininterval=1.0)
         start = time.time()
         while ctl.env_steps < target:
-            before = ctl.env_steps
+            before, intervened_before = ctl.env_steps, ctl.intervened_steps
             try:
                 success = self._run(ctl)
             except LearnerDiverged as exc:
@@ -127,6 +128,9 @@ class Finetuner:
                 raise LearnerDiverged(f"{exc}{kept}") from None
             self.successes.append(success)
             self.assisted.append(ctl.intervened_episode)
+            self.episode_log.append({"env_steps": ctl.env_steps, "steps": ctl.env_steps - before,
+                                     "intervened": ctl.intervened_steps - intervened_before,
+                                     "success": bool(success)})
             bar.update(ctl.env_steps - before)
             recent = float(np.mean(self.successes[-20:]))
             postfix = {"success": f"{recent:.2f}", "q": f"{ctl.last_stats.get('q_mean', 0):.2f}"}
@@ -190,6 +194,7 @@ class Finetuner:
             "rng": self.rng.bit_generator.state, "ctl_rng": ctl.rng.bit_generator.state,
             "env_steps": ctl.env_steps, "episode": self.episode, "history": self.history,
             "successes": self.successes, "assisted": self.assisted, "intervened_steps": ctl.intervened_steps,
+            "episode_log": self.episode_log,
             "takeovers": ctl.takeovers, "format": CHECKPOINT_FORMAT,
         }, state_path + ".tmp")
         save_file({k: v.contiguous() for k, v in self.learner.actor.state_dict().items()},
@@ -218,5 +223,6 @@ class Finetuner:
         ctl.takeovers = state["takeovers"]
         self.episode, self.history = state["episode"], state["history"]
         self.successes, self.assisted = state["successes"], state["assisted"]
+        self.episode_log = state.get("episode_log", [])
         ctl.acc.reset()  # saved at an episode boundary: nothing pending
         ctl._pending = None

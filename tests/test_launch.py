@@ -34,7 +34,7 @@ def test_launch_two_actors_one_learner(tmp_path):
         assert episodes, f"{actor} sent no episodes"
         stats = json.loads((out / actor / "stats.json").read_text())
         # real latency: the server pads replies to 160 ms; measured on the robot side
-        assert 160 <= stats["latency_ms"]["p50"] < 260, stats["latency_ms"]
+        assert 160 <= stats["latency_ms"]["p50"] < 400, stats["latency_ms"]
         trace = json.loads((out / actor / "latency_trace.json").read_text())
         assert len(trace) >= 5 and min(trace) >= 0.16
         # weights reached the actor while it ran (versions grow over its episodes)

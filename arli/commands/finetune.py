@@ -107,7 +107,8 @@ def main(cfg: FinetuneConfig) -> int:
         "takeovers": ft.controller.takeovers,
         "base_success": base_eval["success"], "finetuned_success": final["success"],
         "eval_episodes": cfg.final_eval_episodes, "steps_to_80": steps_to(ft.history, 0.8),
-        "history": ft.history, "wall_s": round(time.time() - start, 1), "run_dir": run_dir,
+        "history": ft.history, "episodes": ft.episode_log,
+        "wall_s": round(time.time() - start, 1), "run_dir": run_dir,
     }
     with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=1)
