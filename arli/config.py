@@ -551,7 +551,7 @@ class BenchInterventionsConfig:
 
     env: EnvConfig = field(default_factory=EnvConfig)
     env_steps: int = 10_000
-    window: int = 20  # training episodes per point
+    window: int = 10  # training episodes per point
     run_dir: str = "outputs/interventions"
     overrides: list[str] = field(default_factory=list)  # extra `arli finetune` overrides
     report_only: bool = False

@@ -93,8 +93,9 @@ def main(cfg: BenchInterventionsConfig) -> int:
           f"{first['success']:.2f} |",
           f"| last window | {last['env_steps']} | {last['intervention_rate']:.2f} | {last['assisted_share']:.2f} | "
           f"{last['success']:.2f} |", "",
-          f"Intervention rate {'falls' if falling else 'does NOT fall'}: {first['intervention_rate']:.2f} -> "
-          f"{last['intervention_rate']:.2f} of control steps. Overall {summary['intervention_share']:.2f}, "
+          f"Intervention rate, first -> last window: {first['intervention_rate']:.2f} -> "
+          f"{last['intervention_rate']:.2f} of control steps ({'lower' if falling else 'NOT lower'}; every window: "
+          + ", ".join(f"{w['intervention_rate']:.2f}" for w in win) + f"). Overall {summary['intervention_share']:.2f}, "
           f"{summary['takeovers']} takeovers.", "",
           f"Evaluation of the residual alone (no intervener, same 100 seeds): base {summary['base_success']:.2f}, "
           f"anchor-pretrained start {summary['anchor_only_success']:.2f}, after the hil run "
