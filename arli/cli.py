@@ -44,7 +44,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "bench pipeline": ("bench_pipeline", "arli.bench.pipeline:main",
                        "multi-process sim run (2 actors, 1 learner) vs in-process run, same config"),
     "bench interventions": ("bench_interventions", "arli.bench.interventions:main",
-                            "hil finetuning: intervention rate falling as the residual learns"),
+                            "hil finetuning: intervention rate per window of episodes as the residual learns"),
     "bench sim": ("bench_sim", "arli.bench.sim:main",
                   "control steps/s of our default task vs robosuite Lift"),
 }
@@ -95,7 +95,7 @@ def _resolve(path: str) -> Callable[[Any], int | None]:
 
 def usage() -> str:
     lines = ["usage: arli <command> [key=value ...]", "", "commands:"]
-    lines += [f"  {words:<14} {help_}" for words, (_, _, help_) in COMMANDS.items()]
+    lines += [f"  {words:<20} {help_}" for words, (_, _, help_) in COMMANDS.items()]
     lines += ["", "example: arli rollout env=pick_cube episodes=20 'delay_steps=[0,4]'"]
     return "\n".join(lines)
 
