@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 
 import numpy as np
 
@@ -132,7 +133,9 @@ def actor_main(cfg: ActorConfig) -> int:
     link = LearnerLink(cfg.actor_id, cfg.transport.learner, cfg.transport.weights, curve).start()
     print(f"arli actor {cfg.actor_id}: server {meta['policy']} (H={H}), learner {cfg.transport.learner}", flush=True)
     os.makedirs(cfg.output_dir, exist_ok=True)
-    base_seed = 200_000 + 10_000 * (abs(hash(cfg.actor_id)) % 50) + 1000 * cfg.seed
+    # episode seeds disjoint from demos (0..), evaluation (10_000..) and in-process training
+    # (100_000..); a stable hash of the actor id keeps them reproducible across restarts
+    base_seed = 200_000 + 10_000 * (zlib.crc32(cfg.actor_id.encode()) % 50) + 1000 * cfg.seed
 
     def on_episode(stats, result, ctl) -> None:
         print(f"{cfg.actor_id} episode {stats.episodes}: success {int(result.success)} steps {result.steps} "
