@@ -149,3 +149,40 @@ def test_robot_holds_within_one_period_when_the_server_dies_and_resumes(tmp_path
     resumed = [s for s in steps if s[0] >= events["restarted"] and not s[1]]
     assert resumed, "execution resumed once the server was back"
     assert result.success
+
+
+class FailingPolicy:
+    """A base policy that cannot handle its input (a real server still serves it)."""
+
+    chunk_size, action_dim, n_obs_steps = 16, 5, 1
+
+    def set_history(self, frames) -> None: ...
+
+    def predict_actions(self, state, committed_prefix=None, delay_steps=None, image=None, guidance=None):
+        raise ValueError("this policy cannot read the state")
+
+
+def test_a_policy_error_is_given_up_at_once_not_at_the_request_timeout():
+    from arli.runtime.server import InferenceServer
+
+    (port,) = free_ports(1)
+    server = InferenceServer(FailingPolicy(), f"tcp://127.0.0.1:{port}")
+    stop_event = threading.Event()
+    thread = threading.Thread(target=server.serve, args=(stop_event,), daemon=True)
+    thread.start()
+    try:
+        inference = RemoteInference(f"tcp://127.0.0.1:{port}", 0.05, initial_delay_steps=2)
+        inference.connect(timeout_s=10)
+        env = make_env("pick_cube", max_episode_steps=30)
+        sched = ChunkScheduler(16, 8, 5, "async", "naive", 4, hold=gripper_hold(5))
+        recorder = Recorder(inference)
+        result = run_episode(SimDriver(env, now=time.perf_counter), inference, sched, MonotonicClock(0.05), 0,
+                             recorder)
+        inference.close()
+    finally:
+        stop_event.set()
+        thread.join()
+        server.close()
+    assert all(starved for _, starved, _ in recorder.steps)  # never anything but the hold
+    assert result.abandoned == 0 and result.failed >= 10  # re-requested every step or two, no 8 s wait
+    assert "cannot read the state" in inference.errors[0]

@@ -102,7 +102,8 @@ def learner_main(cfg: LearnerServiceConfig) -> int:
     summary = {"env": name, "variant": cfg.variant, "delay_steps": delay, "env_steps": service.env_steps,
                "updates": ft.learner.updates, "finetuned_success": final["success"],
                "eval_episodes": cfg.final_eval_episodes, "actors": sorted(service.applied),
-               "episodes": service.episodes, "duplicates_ignored": service.duplicates}
+               "episodes": service.episodes, "duplicates_ignored": service.duplicates,
+               "rejected_rows": service.rejected_rows}
     with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=1)
     print(f"arli learner: done at env step {service.env_steps}; final eval (sim time, d={delay}) "

@@ -24,10 +24,11 @@ from arli.types import ChunkRequest, Observation
 
 @dataclass(frozen=True)
 class ChunkReply:
-    """A chunk (H, m) answering ``request_id``; ``meta`` carries timing (latency_s, ...)."""
+    """A chunk (H, m) answering ``request_id``; ``meta`` carries timing (latency_s, ...).
+    ``actions`` is None when the server answered with an error (``meta["error"]``)."""
 
     request_id: int
-    actions: np.ndarray
+    actions: np.ndarray | None
     meta: dict = field(default_factory=dict)
 
 

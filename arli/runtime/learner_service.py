@@ -46,6 +46,7 @@ class LearnerService:
         self.episodes: list[dict] = []
         self.received_rows = 0
         self.duplicates = 0
+        self.rejected_rows = 0
         self.version = 0
         self._owed = 0.0
         self._last_publish = 0.0
@@ -113,6 +114,10 @@ class LearnerService:
         if len(rows):
             online = rows[:, self.src_col] == ONLINE
             n = self.ft.online.add_rows(rows[online]) + self.ft.anchor.add_rows(rows[~online])
+            if n < len(rows):  # NaN/inf rows are never stored; say so instead of losing them silently
+                self.rejected_rows += len(rows) - n
+                log.warning("actor %s batch %d: %d row(s) with NaN/inf not stored", msg["actor_id"], msg["seq"],
+                            len(rows) - n)
             self.received_rows += n
             self.ft.controller.env_steps += n  # one transition per control step
             self.ft.controller.intervened_steps += int((~online).sum())

@@ -60,6 +60,7 @@ class EpisodeResult:
     spikes: int = 0  # replies later than the scheduler's planned maximum delay
     dropped: int = 0  # replies whose every slot was already in the past
     abandoned: int = 0  # requests given up after request_timeout_steps
+    failed: int = 0  # requests the server answered with an error (re-requested at once)
     server_lost_steps: int = 0  # steps held because no inference server was reachable
     request_log: list[dict] = field(default_factory=list)  # one entry per landed reply
 
@@ -122,6 +123,10 @@ def _land(scheduler: ChunkScheduler, reply: ChunkReply, step: int, result: Episo
     flight = scheduler.in_flight
     if flight is None or flight.request.request_id != reply.request_id:
         return  # an abandoned request's late answer
+    if reply.actions is None:  # the server could not answer it: give it up, request again
+        scheduler.cancel()
+        result.failed += 1
+        return
     delay = step - flight.request.t0
     accepted = scheduler.deliver(reply.request_id, reply.actions, step, reply.meta)
     result.delays.append(delay)

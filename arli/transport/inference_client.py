@@ -148,6 +148,10 @@ class RemoteInference:
                 self.errors.append(f"[{msg['code']}] {msg['message']}")
                 log.warning("server error for request %s: [%s] %s", msg.get("request_id"), msg["code"],
                             msg["message"])
+                rid = msg.get("request_id")
+                if rid in self._sent:  # the runtime gives that request up now, not at its timeout
+                    self._sent.pop(rid)
+                    out.append(ChunkReply(rid, None, {"error": f"[{msg['code']}] {msg['message']}"}))
                 continue
             if msg.kind != "chunk" or msg["request_id"] not in self._sent:
                 continue  # a pong, or an answer to a request of an earlier episode
