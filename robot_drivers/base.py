@@ -63,3 +63,11 @@ def check_action(action: np.ndarray, action_dim: int) -> np.ndarray:
     if not np.all(np.isfinite(a)):
         raise ValueError(f"action has NaN/inf: {a}; refusing to execute it")
     return np.clip(a, -1.0, 1.0)
+
+
+class RobotFault(RuntimeError):
+    """The robot cannot go on (connection lost, errors that recovery did not clear).
+
+    The runtime ends the episode cleanly on it (recorded data is kept) and reports it; the
+    next ``reset`` may reconnect.
+    """

@@ -50,3 +50,27 @@ def running(args: list[str], log: Path):
         yield proc
     finally:
         stop(proc)
+
+
+@contextmanager
+def franky_sim_server(host: str, timeout: float = 60.0):
+    """A franky-sim MuJoCo Franka speaking the libfranka protocol on ``host`` (a loopback
+    address: each server takes the fixed FCI port 1337, so tests use distinct hosts)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "franky_sim.run_server", "-s", "mujoco",
+                             "--hostname", host], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    try:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if "Connect to the server" in line:
+                break
+        else:
+            raise RuntimeError("franky-sim did not start:\n" + "".join(lines))
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+        proc.wait(timeout=timeout)

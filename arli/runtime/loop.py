@@ -27,7 +27,7 @@ from arli.chunking import ChunkScheduler
 from arli.runtime.clock import MonotonicClock, SimClock
 from arli.runtime.inference import ChunkReply, InferenceEndpoint
 from arli.types import Observation, StepInfo
-from robot_drivers.base import RobotDriver
+from robot_drivers.base import RobotDriver, RobotFault
 
 
 class StepController:
@@ -62,6 +62,7 @@ class EpisodeResult:
     abandoned: int = 0  # requests given up after request_timeout_steps
     failed: int = 0  # requests the server answered with an error (re-requested at once)
     server_lost_steps: int = 0  # steps held because no inference server was reachable
+    robot_fault: str = ""  # why the robot ended the episode early (connection lost, ...)
     request_log: list[dict] = field(default_factory=list)  # one entry per landed reply
 
 
@@ -84,35 +85,39 @@ def run_episode(driver: RobotDriver, inference: InferenceEndpoint, scheduler: Ch
 
     clock.start()
     t, done, terminated, truncated = 0, False, False, False
-    while not done:
-        clock.wait(t, getattr(inference, "drain", None), getattr(ctl, "warm", None))
-        obs = driver.observe()  # o_t, captured at the tick
-        land(t)  # replies that arrived during the last period switch in first
-        flight = scheduler.in_flight
-        if not inference.healthy():
-            if scheduler.active is not None or flight is not None:
-                scheduler.abort()  # hold now: the plan's future is gone with its server
-            result.server_lost_steps += 1
-        elif flight is not None and t - flight.request.t0 > timeout:
-            scheduler.cancel()
-            result.abandoned += 1
-        if inference.healthy() and scheduler.should_request(t):
-            request = scheduler.make_request(obs, t, inference.next_delay())
-            if inference.submit(request, list(history)):
-                result.requests += 1
-                land(t)  # d = 0 in sim time: available before this step runs
-            else:
+    try:
+        while not done:
+            clock.wait(t, getattr(inference, "drain", None), getattr(ctl, "warm", None))
+            obs = driver.observe()  # o_t, captured at the tick
+            land(t)  # replies that arrived during the last period switch in first
+            flight = scheduler.in_flight
+            if not inference.healthy():
+                if scheduler.active is not None or flight is not None:
+                    scheduler.abort()  # hold now: the plan's future is gone with its server
+                result.server_lost_steps += 1
+            elif flight is not None and t - flight.request.t0 > timeout:
                 scheduler.cancel()
-        info = scheduler.step(t)
-        action = ctl.act(t, obs, info)
-        if history.maxlen:
-            history.append(obs)
-        step = driver.act(action)
-        ctl.after_step(t, step.reward, step.terminated, step.truncated)
-        obs, terminated, truncated = step.observation, step.terminated, step.truncated
-        result.success = step.success
-        t += 1
-        done = terminated or truncated
+                result.abandoned += 1
+            if inference.healthy() and scheduler.should_request(t):
+                request = scheduler.make_request(obs, t, inference.next_delay())
+                if inference.submit(request, list(history)):
+                    result.requests += 1
+                    land(t)  # d = 0 in sim time: available before this step runs
+                else:
+                    scheduler.cancel()
+            info = scheduler.step(t)
+            action = ctl.act(t, obs, info)
+            if history.maxlen:
+                history.append(obs)
+            step = driver.act(action)
+            ctl.after_step(t, step.reward, step.terminated, step.truncated)
+            obs, terminated, truncated = step.observation, step.terminated, step.truncated
+            result.success = step.success
+            t += 1
+            done = terminated or truncated
+    except RobotFault as exc:  # the robot is gone: end the episode cleanly, keep its data
+        result.robot_fault = str(exc)
+        terminated, truncated = False, True
     land(t)
     ctl.end(obs, scheduler.peek(t), terminated, truncated)
     result.steps, result.starved_steps = t, scheduler.starved_steps
