@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                       "scripted-expert demonstrations into a LeRobotDataset v3"),
     "pretrain": ("pretrain", "arli.commands.pretrain:main",
                  "behaviour-clone the built-in pi0-style flow policy from the demos"),
+    "record": ("record", "arli.commands.record:main",
+               "intervention episodes (base + residual + intervener) into a crash-safe LeRobotDataset"),
     "serve": ("serve", "arli.commands.pipeline:serve_main",
               "inference server: a base policy behind ZeroMQ (GPU machine)"),
     "learner": ("learner", "arli.commands.pipeline:learner_main",

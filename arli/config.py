@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 
 from arli.policies.flow_config import FlowHyperparams
 from arli.rl.config import RunSpec
+from robot_drivers.franka.config import FrankaConfig
 
 LATENCY_KINDS = ("fixed", "uniform", "lognormal", "trace")
 
@@ -282,6 +283,34 @@ def validate_finetune(cfg: FinetuneConfig) -> None:
 SCHEMAS["finetune"] = (FinetuneConfig, validate_finetune)
 
 
+@dataclass
+class RecordConfig(FinetuneConfig):
+    """``arli record``: episodes of base + residual with an intervener, into a crash-safe
+    LeRobotDataset. In sim (``device=scripted``) the scripted operator intervenes; with a
+    person's device they do. The residual is a finetune run's checkpoint (or zero)."""
+
+    episodes: int = 10
+    root: str = "data/interventions/${env.name}"
+    resume: bool = False  # append to an existing dataset at root
+    residual: str = ""  # a finetune checkpoint dir (outputs/<run>/checkpoint); "" = base only
+    device: str = "scripted"  # scripted (sim) | none | spacemouse | gamepad | keyboard
+    image_size: int = 0  # > 0: record the sim camera as video at this size
+    save_failed: bool = True  # keep episodes that failed (interventions in them still teach)
+    seed: int = 0
+
+
+def validate_record(cfg: RecordConfig) -> None:
+    from robot_drivers.teleop import DEVICES  # noqa: PLC0415
+
+    validate_finetune(cfg)
+    _require(cfg.episodes >= 1, "episodes", ">= 1", cfg.episodes)
+    _require(cfg.device in ("scripted", *DEVICES), "device", f"one of {('scripted', *DEVICES)}", cfg.device)
+    _require(cfg.image_size >= 0, "image_size", ">= 0 (0 = no camera)", cfg.image_size)
+
+
+SCHEMAS["record"] = (RecordConfig, validate_record)
+
+
 SWEEP_VARIANTS = ("base_sync", "base_naive", "base_rtc", "arli", "arli_no_committed", "arli_no_midobs",
                   "standard", "standard_d0", "stepwise_d0", "bc_control", "anchor_only")
 
@@ -381,9 +410,37 @@ class ServeConfig:
     max_message_mb: float = 64.0  # larger requests are refused with a too_large error
 
 
+ROBOTS = ("sim", "franka")
+
+
 @dataclass
-class ActorConfig:
-    """``arli actor``: the robot runtime (sim driver here) against a server and a learner."""
+class RobotSideConfig:
+    """What runs at the robot: which robot, cameras, the operator's device, recording."""
+
+    robot: str = "sim"  # sim: the env.name task on a real clock | franka: franky at franka.hostname
+    franka: FrankaConfig = field(default_factory=FrankaConfig)
+    cameras: dict[str, str] = field(default_factory=dict)  # name -> OpenCV source (index, URL or file)
+    camera_size: int = 96  # frames resized to camera_size x camera_size
+    device: str = "none"  # none | spacemouse | gamepad | keyboard: a person takes over with it
+    record_root: str = ""  # record every episode into this LeRobotDataset (appends if it exists)
+    task: str = ""  # task text stored with recorded frames ("" = the env's instruction)
+
+
+def validate_robot_side(cfg: RobotSideConfig) -> None:
+    from robot_drivers.teleop import DEVICES  # noqa: PLC0415
+
+    _require(cfg.robot in ROBOTS, "robot", f"one of {ROBOTS}", cfg.robot)
+    _require(cfg.device in DEVICES, "device", f"one of {DEVICES}", cfg.device)
+    _require(cfg.camera_size >= 8, "camera_size", ">= 8", cfg.camera_size)
+    try:
+        cfg.franka.validate()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+@dataclass
+class ActorConfig(RobotSideConfig):
+    """``arli actor``: the robot runtime against a server and a learner."""
 
     env: EnvConfig = field(default_factory=EnvConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
@@ -445,6 +502,7 @@ def validate_serve(cfg: ServeConfig) -> None:
 
 def validate_actor(cfg: ActorConfig) -> None:
     validate_env(cfg.env)
+    validate_robot_side(cfg)
     validate_transport(cfg.transport)
     _require(cfg.strategy in ("naive", "blend", "rtc"), "strategy", "one of naive, blend, rtc", cfg.strategy)
     _require(cfg.planned_delay_steps >= 0, "planned_delay_steps", ">= 0", cfg.planned_delay_steps)

@@ -1,17 +1,34 @@
-"""Episode recording into LeRobotDataset v3 (lerobot 0.4.x), local root, no hub.
+"""Crash-safe episode recording into LeRobotDataset v3 (lerobot 0.4.x), local root, no hub.
 
-Frames are buffered per episode and written by ``save_episode`` only, so a crash mid
-episode loses that episode and nothing else; ``close`` (also on exceptions, via the
-context manager) finalises the parquet files so what was saved stays readable.
+LeRobot keeps the data and episode-index parquet writers open until ``finalize()`` and
+buffers episode metadata, so a process killed mid-recording normally leaves every file of
+the dataset unreadable. Here every episode is made durable on its own:
+
+* frames are buffered in memory while the episode runs (a crash loses that episode only);
+* ``save_episode`` writes a journal, saves the episode, ``finalize()``-s the dataset, and
+  reopens it through LeRobot's own resume path, so the next episode goes to new files and
+  no finished file is ever opened for writing again; then it removes the journal;
+* a journal left behind (killed *during* a save) is rolled back on the next open
+  (``repair_dataset``): the metadata is restored and the half-written files deleted.
+
+So after SIGKILL at any moment every completed episode loads with ``LeRobotDataset``.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import shutil
+import warnings
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+log = logging.getLogger("arli.record")
+JOURNAL = ".arli_saving.json"
+META_BACKUP = ".arli_meta_backup"
 
 
 def dataset_features(state_names: Sequence[str], action_names: Sequence[str],
@@ -33,28 +50,83 @@ def dataset_features(state_names: Sequence[str], action_names: Sequence[str],
     return features
 
 
+def _payload_files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for sub in ("data", "videos") if (root / sub).exists()
+                  for p in (root / sub).rglob("*") if p.is_file())
+
+
+def repair_dataset(root: str | os.PathLike) -> bool:
+    """Roll back a save that was interrupted (journal present); True if one was.
+
+    Restores ``meta/`` from the backup taken before the save and deletes the data/video
+    files the save had created, leaving exactly the episodes completed before it.
+    """
+    root = Path(root)
+    journal = root / JOURNAL
+    if not journal.exists():
+        return False
+    before = set(json.loads(journal.read_text())["files"])
+    backup = root / META_BACKUP
+    if backup.exists():
+        shutil.rmtree(root / "meta", ignore_errors=True)
+        backup.rename(root / "meta")
+    for rel in _payload_files(root):
+        if rel not in before:
+            (root / rel).unlink()
+    shutil.rmtree(root / "images", ignore_errors=True)  # frames staged for video encoding
+    journal.unlink()
+    log.warning("dataset %s: rolled back an episode whose save was interrupted", root)
+    return True
+
+
 class EpisodeRecorder:
-    """Writes episodes to a new LeRobotDataset at ``root``."""
+    """Writes episodes to the LeRobotDataset at ``root``: a new one, or (``resume``) an
+    existing one recorded with the same features."""
 
     def __init__(self, root: str | os.PathLike, fps: int, features: dict, repo_id: str = "arli/local",
-                 robot_type: str = "franka_panda") -> None:
+                 robot_type: str = "franka_panda", resume: bool = False, use_videos: bool = False) -> None:
         from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: PLC0415 - heavy
 
-        root = Path(root)
-        if root.exists() and any(root.iterdir()):
-            raise FileExistsError(f"dataset root {root} exists and is not empty; choose another "
-                                  "root or delete it (recordings are never overwritten)")
-        if root.exists():
-            root.rmdir()
+        self.root, self.repo_id = Path(root), repo_id
+        self._cls = LeRobotDataset
+        exists = self.root.exists() and any(self.root.iterdir())
+        if exists and not resume:
+            raise FileExistsError(f"dataset root {self.root} exists and is not empty; choose another "
+                                  "root, pass resume=true to append to it, or delete it "
+                                  "(recordings are never overwritten)")
+        if exists:
+            repair_dataset(self.root)
+            self.dataset = self._open()
+            def spec(feats: dict) -> dict:
+                return {k: (v["dtype"], tuple(v["shape"])) for k, v in feats.items() if k in features}
+
+            have, want = spec(self.dataset.features), spec(features)
+            if have != want or set(want) != set(features):
+                diff = sorted(k for k in features if have.get(k) != want.get(k))
+                raise ValueError(f"dataset {self.root} was recorded with other features (differing: "
+                                 f"{diff}); record into a new root")
+        else:
+            if self.root.exists():
+                self.root.rmdir()
+            self.dataset = LeRobotDataset.create(repo_id=repo_id, fps=fps, features=features,
+                                                 root=self.root, robot_type=robot_type,
+                                                 use_videos=use_videos)
         self.features = features
-        self.dataset = LeRobotDataset.create(repo_id=repo_id, fps=fps, features=features, root=root,
-                                             robot_type=robot_type, use_videos=False)
-        self.episodes = 0
+        self.episodes = 0  # saved by this recorder
         self._closed = False
 
+    def _open(self):
+        return self._cls(self.repo_id, root=self.root)
+
+    @property
+    def total_episodes(self) -> int:
+        return int(self.dataset.meta.total_episodes)
+
     def add_frame(self, state: np.ndarray, action: np.ndarray, reward: float, done: bool,
-                  success: bool, task: str, images: dict[str, np.ndarray] | None = None) -> None:
-        """One control step: observation before the action, the action, its outcome."""
+                  success: bool, task: str, images: dict[str, np.ndarray] | None = None,
+                  extra: dict[str, np.ndarray] | None = None) -> None:
+        """One control step: observation before the action, the action, its outcome;
+        ``extra``: more features of the spec (feature key -> value)."""
         frame = {
             "observation.state": np.asarray(state, np.float32),
             "action": np.asarray(action, np.float32),
@@ -65,10 +137,28 @@ class EpisodeRecorder:
         }
         for key, img in (images or {}).items():
             frame[f"observation.images.{key}"] = img
+        frame.update(extra or {})
         self.dataset.add_frame(frame)
 
     def save_episode(self) -> None:
-        self.dataset.save_episode()
+        """Make the buffered episode durable (see the module docstring)."""
+        journal = self.root / JOURNAL
+        backup = self.root / META_BACKUP
+        shutil.rmtree(backup, ignore_errors=True)
+        shutil.copytree(self.root / "meta", backup)
+        tmp = journal.with_suffix(".tmp")
+        before = _payload_files(self.root)
+        tmp.write_text(json.dumps({"files": before}))
+        os.replace(tmp, journal)  # the save starts only once the journal is complete
+        _quiet_datasets()
+        with warnings.catch_warnings():  # LeRobot's stats on bool features; nothing to act on
+            warnings.filterwarnings("ignore", message="Converting input from bool")
+            self.dataset.save_episode()
+        self.dataset.finalize()
+        _fsync_new(self.root, set(before))
+        journal.unlink()  # commit point: the episode is in
+        shutil.rmtree(backup, ignore_errors=True)
+        self.dataset = self._open()  # LeRobot's resume path: the next episode gets new files
         self.episodes += 1
 
     def discard_episode(self) -> None:
@@ -87,3 +177,21 @@ class EpisodeRecorder:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _quiet_datasets() -> None:
+    # No per-episode "Map:" bar from `datasets`; LeRobot's loader turns them back on after
+    # each load, so this is done before every save.
+    import datasets  # noqa: PLC0415
+
+    datasets.disable_progress_bars()
+
+
+def _fsync_new(root: Path, before: set[str]) -> None:
+    # Written, but maybe only to the page cache: flush the episode's new files and the
+    # metadata before the journal goes, so a power loss cannot keep the commit and lose them.
+    paths = [root / rel for rel in _payload_files(root) if rel not in before]
+    paths += [p for p in (root / "meta").rglob("*") if p.is_file()]
+    for path in paths:
+        with open(path, "rb") as fh:
+            os.fsync(fh.fileno())

@@ -85,7 +85,8 @@ def main(cfg: BenchInterventionsConfig) -> int:
           f"`arli bench interventions` — `arli finetune regime=hil env_steps={cfg.env_steps}`: the intervener is "
           "the scripted operator behind the device interface (`robot_drivers/teleop/scripted.py`; a SpaceMouse, "
           "gamepad or keyboard plugs in at the same place). It watches every training episode, takes over after "
-          "3 steps of the robot's action differing from its own by more than 0.6, drives 15 steps and hands back. "
+          "3 steps of the robot's motion (dx, dy, dz, dyaw; not the gripper's timing) differing from its own by more "
+          "than 0.6, drives 15 steps and hands back. "
           f"Windows of {cfg.window} training episodes.", "",
           "| | env steps | intervention rate | episodes with an intervention | training success (assisted) |",
           "|---|---:|---:|---:|---:|",

@@ -35,8 +35,9 @@ def plot_curve(history: list[dict], base: float, path: str, title: str, start: f
         ax.axhline(base, color="gray", ls="--", label="base policy")
 
 
-def make_finetuner(cfg: FinetuneConfig):
-    """The run's Finetuner (base policy trained first if missing) -> (ft, task name, delay)."""
+def make_finetuner(cfg: FinetuneConfig, image_size: int = 0):
+    """The run's Finetuner (base policy trained first if missing) -> (ft, task name, delay).
+    ``image_size`` > 0 renders the task camera into every observation."""
     from arli.finetune import Finetuner  # noqa: PLC0415
     from arli.policies.load import load_base_policy  # noqa: PLC0415
 
@@ -45,7 +46,7 @@ def make_finetuner(cfg: FinetuneConfig):
         raise ConfigError(f"env.name: {name} has no scripted expert for demonstrations or interventions; "
                           "set anchor_episodes=0 regime=rl")
     ensure_base_policy(cfg.checkpoint, cfg.pretrain, cfg.env)
-    env = make_env(name, dt=cfg.env.dt, max_episode_steps=cfg.env.max_episode_steps)
+    env = make_env(name, dt=cfg.env.dt, max_episode_steps=cfg.env.max_episode_steps, image_size=image_size)
     base = load_base_policy(cfg.checkpoint, env.unwrapped.instruction, name,
                             cfg.pretrain.policy.chunk_size)
     latency = (FixedLatency(cfg.delay_steps * cfg.env.dt) if cfg.delay_steps is not None

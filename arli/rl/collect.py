@@ -4,6 +4,7 @@ or anchor replay as they happen."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable
 
@@ -18,6 +19,7 @@ from arli.types import Observation, StepInfo
 from robot_drivers.teleop.base import TeleopDevice
 from robot_drivers.teleop.scripted import ScriptedOperator
 
+log = logging.getLogger("arli.collect")
 DIAGNOSTICS_EVERY = 250  # updates between measured ones (TD error per source, grad norms)
 Expert = Callable[[np.ndarray], np.ndarray]
 
@@ -46,24 +48,42 @@ class Intervention:
             if self.expert is None:
                 raise ValueError("an intervener needs a scripted expert or a device")
             s = self.spec
-            self.device = ScriptedOperator(self.expert, s.threshold, s.patience, s.segment)
+            self.device = ScriptedOperator(self.expert, s.threshold, s.patience, s.segment,
+                                           s.judged_dims or None)
         self.begin_episode(watching=False)
 
     def begin_episode(self, watching: bool) -> None:
         self.watching = watching
+        self.events: list = []
+        self._reported = getattr(self, "_reported", False)
         if isinstance(self.device, ScriptedOperator):
             self.device.reset()
 
     def decide(self, t: int, state: np.ndarray, proposed: np.ndarray) -> np.ndarray | None:
-        """The intervener's action (m,) for step t, or None to let the robot act ``proposed``."""
+        """The intervener's action (m,) for step t, or None to let the robot act ``proposed``.
+        A person's device is polled every step, so its events (``self.events``: success,
+        failure, re-record, ...) are never lost; an unplugged one is reported once and the
+        run goes on without it."""
         spec = self.spec
-        if not self.watching or t < spec.after:
+        self.events = []
+        scripted = isinstance(self.device, ScriptedOperator)
+        if scripted and (not self.watching or t < spec.after):
             return None
         if spec.mode == "takeover" and self.expert is not None:
             return np.asarray(self.expert(state), np.float32)
-        if isinstance(self.device, ScriptedOperator):
+        if scripted:
             self.device.observe(state, proposed)
         command = self.device.poll()
+        self.events = list(command.events)
+        if not self.device.connected:
+            if not self._reported:
+                log.warning("intervention device %s: %s; going on without it", self.device.name,
+                            self.device.status)
+                self._reported = True
+            return None
+        self._reported = False
+        if not self.watching or t < spec.after:
+            return None
         return command.action() if self.device.active else None
 
 
@@ -96,6 +116,7 @@ class ResidualController(StepController):
         self._pending: list | None = None  # the last executed step, completed by the next state
         self._current: list | None = None  # this step's, between act and after_step
         self.intervened_episode = False
+        self.last_step: dict = {}
 
     def begin_episode(self) -> None:
         """Before every episode (``run_episode`` calls it): clears the n-step window, draws
@@ -117,6 +138,9 @@ class ResidualController(StepController):
         action = self.learner.act(state, info.base_action, explore=self.train)
         takeover = self.intervention.decide(t, obs.state, action) if self._may_intervene() else None
         source = self.source if takeover is not None else ONLINE
+        # what a recorder keeps of this step: the residual's own proposal, who acted, events
+        self.last_step = {"state": state, "proposed": action, "intervened": takeover is not None,
+                          "events": self.intervention.events if self.intervention is not None else []}
         if takeover is not None:
             action = takeover
             self.intervened_steps += 1

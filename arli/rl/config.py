@@ -121,6 +121,7 @@ class InterventionSpec:
     threshold: float = 0.6  # corrective: max |a_robot - a_expert| that counts as a deviation
     patience: int = 3  # corrective: consecutive deviating steps before it takes over
     segment: int = 15  # corrective: steps it keeps control before handing back
+    judged_dims: int = 4  # corrective: action entries judged (4 = motion dx dy dz dyaw; 0 = all)
     max_steps: int = 0  # cap on online intervention steps over the run (0 = no cap)
     # RLIF-style: reward -takeover_penalty on the robot's step that made the intervener take
     # over, so the residual learns to avoid states that need rescue
@@ -133,6 +134,7 @@ class InterventionSpec:
                   "intervention.threshold": (self.threshold >= 0, ">= 0"),
                   "intervention.patience": (self.patience >= 1, ">= 1"),
                   "intervention.segment": (self.segment >= 1, ">= 1"),
+                  "intervention.judged_dims": (self.judged_dims >= 0, ">= 0 (0 = every entry)"),
                   "intervention.max_steps": (self.max_steps >= 0, ">= 0 (0 = no cap)"),
                   "intervention.takeover_penalty": (self.takeover_penalty >= 0, ">= 0")}
         raise_bad(self, checks)

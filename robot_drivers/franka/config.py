@@ -1,4 +1,4 @@
-"""Settings of the Franka driver (one dataclass; Hydra composes it as ``robot.*``)."""
+"""Settings of the Franka driver (one dataclass; Hydra composes it as ``franka.*``)."""
 
 from __future__ import annotations
 
@@ -42,19 +42,19 @@ class FrankaConfig:
     def validate(self) -> None:
         """Raise ``ValueError`` naming the field on settings that would make motion unsafe."""
         if len(self.home_q) != 7:
-            raise ValueError(f"robot.home_q: expected 7 joint angles, got {len(self.home_q)}")
+            raise ValueError(f"franka.home_q: expected 7 joint angles, got {len(self.home_q)}")
         for name in ("workspace_low", "workspace_high"):
             if len(getattr(self, name)) != 3:
-                raise ValueError(f"robot.{name}: expected [x, y, z] in metres")
+                raise ValueError(f"franka.{name}: expected [x, y, z] in metres")
         if any(lo >= hi for lo, hi in zip(self.workspace_low, self.workspace_high)):
-            raise ValueError("robot.workspace_low must be below robot.workspace_high on every axis")
+            raise ValueError("franka.workspace_low must be below franka.workspace_high on every axis")
         for name in ("relative_dynamics_factor", "home_dynamics_factor"):
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
-                raise ValueError(f"robot.{name}: expected a value in (0, 1], got {value}")
+                raise ValueError(f"franka.{name}: expected a value in (0, 1], got {value}")
         for name in ("dt", "max_step_pos", "max_step_yaw", "max_lead", "watchdog_s"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"robot.{name}: expected > 0, got {getattr(self, name)}")
+                raise ValueError(f"franka.{name}: expected > 0, got {getattr(self, name)}")
         if self.max_step_pos > 0.05:
-            raise ValueError(f"robot.max_step_pos={self.max_step_pos} m per step is above the "
+            raise ValueError(f"franka.max_step_pos={self.max_step_pos} m per step is above the "
                              "0.05 m safety cap; lower it")

@@ -30,9 +30,15 @@ class Gamepad(TeleopDevice):
         self._joystick = None
 
     def start(self) -> "Gamepad":
+        import os  # noqa: PLC0415
+
+        # joystick events only: no sound card, no window, no banner
+        os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
         import pygame  # noqa: PLC0415
 
-        pygame.init()
+        pygame.display.init()  # the event queue needs the video subsystem
         pygame.joystick.init()
         if pygame.joystick.get_count() <= self.index:
             self.connected, self.status = False, (f"gamepad {self.index} unavailable: "

@@ -18,9 +18,13 @@ class ScriptedOperator(TeleopDevice):
     name = "scripted"
 
     def __init__(self, expert: Callable[[np.ndarray], np.ndarray], threshold: float = 0.5, patience: int = 3,
-                 segment: int = 10):
+                 segment: int = 10, judged_dims: int | None = None):
         super().__init__()
         self.expert, self.threshold, self.patience, self.segment = expert, threshold, patience, segment
+        # Like a person watching the arm, judge the motion (the first ``judged_dims`` action
+        # entries), not the gripper command's timing: under latency every grasp command is a
+        # few steps late, and a gap in it says nothing about where the arm is going.
+        self.judged_dims = judged_dims
         self.connected, self.status = True, "scripted"
         self._state: np.ndarray | None = None
         self._proposed: np.ndarray | None = None
@@ -46,7 +50,9 @@ class ScriptedOperator(TeleopDevice):
         if self._left == 0:
             if self.active:
                 events.append(Event.HAND_BACK)
-            gap = float(np.max(np.abs(self._proposed - expert))) if self._proposed is not None else 0.0
+            dims = slice(0, self.judged_dims)
+            gap = (float(np.max(np.abs(self._proposed[dims] - expert[dims])))
+                   if self._proposed is not None else 0.0)
             self._over = self._over + 1 if gap > self.threshold else 0
             if self._over >= self.patience:
                 events.append(Event.TAKE_OVER)

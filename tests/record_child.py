@@ -1,0 +1,41 @@
+"""Child process of the recorder kill tests: records episodes of known lengths slowly and
+says on stdout what is durable, so the parent can SIGKILL it at a chosen moment.
+
+argv: root, crash ("mid" = the parent kills it mid-episode; "save" = it kills itself inside
+the third save, after LeRobot wrote the episode but before the dataset was finalised).
+"""
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+from arli.record import EpisodeRecorder, dataset_features
+
+root, crash = sys.argv[1], sys.argv[2]
+features = dataset_features(["x", "y"], ["a"])
+rec = EpisodeRecorder(root, 20, features)
+if crash == "save":
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    original, calls = LeRobotDataset.finalize, {"n": 0}
+
+    def finalize_then_die(self):
+        calls["n"] += 1
+        if calls["n"] == 3:  # inside the third save: data written, dataset not finalised
+            os.kill(os.getpid(), signal.SIGKILL)
+        original(self)
+
+    LeRobotDataset.finalize = finalize_then_die
+for ep in range(10):
+    n = 15 + 3 * ep
+    for t in range(n):
+        rec.add_frame(np.array([ep, t], np.float32), np.array([t / n], np.float32), 0.0, t == n - 1,
+                      False, "count")
+        if t == n // 2 and ep >= 2:
+            print(f"mid {ep}", flush=True)
+            time.sleep(0.3)
+    rec.save_episode()
+    print(f"saved {ep} {n}", flush=True)

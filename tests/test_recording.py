@@ -1,0 +1,144 @@
+"""Recording: crash-safe LeRobotDataset episodes (SIGKILL mid-episode and mid-save), the
+`arli record` dataset read back by LeRobot's own loader and trained on by a LeRobot policy,
+and a lost robot connection ending an episode with its data kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from process_utils import ROOT
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _load(root):
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: PLC0415
+
+    return LeRobotDataset("arli/local", root=root)
+
+
+def _episode_lengths(ds) -> list[int]:
+    return [int(n) for n in np.bincount(np.asarray(ds.hf_dataset["episode_index"]))]
+
+
+def _child(root: Path, crash: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "tests" / "record_child.py"), str(root), crash],
+                            cwd=ROOT, env={**ENV, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_sigkill_mid_episode_keeps_every_completed_episode(tmp_path):
+    root = tmp_path / "ds"
+    proc = _child(root, "mid")
+    saved: dict[int, int] = {}
+    for line in proc.stdout:
+        if line.startswith("saved"):
+            _, ep, n = line.split()
+            saved[int(ep)] = int(n)
+        if line.startswith("mid") and len(saved) >= 3:
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    ds = _load(root)
+    assert ds.meta.total_episodes == len(saved) >= 3
+    assert _episode_lengths(ds) == [saved[i] for i in range(len(saved))]
+    last = ds[len(ds) - 1]
+    assert last["observation.state"].tolist() == [len(saved) - 1, saved[len(saved) - 1] - 1]
+
+
+def test_sigkill_inside_a_save_is_rolled_back_on_resume(tmp_path):
+    from arli.record import EpisodeRecorder, dataset_features  # noqa: PLC0415
+
+    root = tmp_path / "ds"
+    proc = _child(root, "save")
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == -signal.SIGKILL, out
+    saved = [int(line.split()[2]) for line in out.splitlines() if line.startswith("saved")]
+    assert len(saved) == 2  # killed inside the third save
+    assert (root / ".arli_saving.json").exists()
+    with EpisodeRecorder(root, 20, dataset_features(["x", "y"], ["a"]), resume=True) as rec:
+        assert rec.total_episodes == 2  # the half-saved episode is gone
+        for t in range(7):
+            rec.add_frame(np.array([9, t], np.float32), np.zeros(1, np.float32), 0.0, t == 6, False, "count")
+        rec.save_episode()
+    ds = _load(root)
+    assert _episode_lengths(ds) == saved + [7]
+    with pytest.raises(ValueError, match="other features"):
+        EpisodeRecorder(root, 20, dataset_features(["x", "y", "z"], ["a"]), resume=True)
+    with pytest.raises(FileExistsError, match="resume"):
+        EpisodeRecorder(root, 20, dataset_features(["x", "y"], ["a"]))
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rec") / "pick"
+    out = subprocess.run([sys.executable, "-m", "arli.cli", "record", "env=pick_cube", "checkpoint=expert",
+                          "episodes=3", f"root={root}", "intervention.threshold=0.3", "intervention.patience=1"],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    summary = json.loads(out.stdout[out.stdout.index("{"):])
+    return root, summary
+
+
+def test_record_writes_every_field_lerobot_reads_it_back(recorded):
+    root, summary = recorded
+    ds = _load(root)
+    assert ds.meta.total_episodes == summary["episodes_saved"] == 3
+    assert len(ds) == summary["frames"]
+    for key in ("observation.state", "observation.environment_state", "action", "base_action",
+                "residual_action", "intervention", "next.reward", "next.done", "delay_steps",
+                "chunk_id", "chunk_slot", "arli.state"):
+        assert key in ds.features, key
+    t = ds.hf_dataset.with_format("numpy")
+    action, base = np.asarray(t["action"]), np.asarray(t["base_action"])
+    residual = np.asarray(t["residual_action"])
+    intervened = np.asarray(t["intervention"]).reshape(-1).astype(bool)
+    assert 0 < intervened.sum() < len(ds)  # the scripted operator took over some steps, not all
+    # where the robot acted, the executed action is base + residual (clipped to the box)
+    assert np.allclose(action[~intervened], np.clip(base + residual, -1, 1)[~intervened], atol=1e-5)
+    assert not np.allclose(action[intervened], np.clip(base + residual, -1, 1)[intervened], atol=1e-3)
+    slot, delay = np.asarray(t["chunk_slot"]).reshape(-1), np.asarray(t["delay_steps"]).reshape(-1)
+    assert slot.min() >= -1 and slot.max() < 16 and set(delay[slot >= 0]) == {4}
+    done = np.asarray(t["next.done"]).reshape(-1)
+    assert done.sum() == 3 and done[-1]
+    assert ds[0]["task"] == "pick up the red cube and lift it"
+
+
+def test_a_lerobot_policy_trains_on_the_recording(recorded):
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: PLC0415
+    from lerobot.datasets.utils import dataset_to_policy_features  # noqa: PLC0415
+    from lerobot.policies.factory import get_policy_class, make_policy_config, make_pre_post_processors  # noqa: PLC0415
+
+    root, _ = recorded
+    meta_ds = _load(root)
+    feats = dataset_to_policy_features(meta_ds.meta.features)
+    inputs = {k: feats[k] for k in ("observation.state", "observation.environment_state")}
+    cfg = make_policy_config("act", device="cpu", input_features=inputs, output_features={"action": feats["action"]},
+                             chunk_size=8, n_action_steps=8, dim_model=32, n_heads=2, dim_feedforward=32,
+                             n_encoder_layers=1, n_decoder_layers=1, use_vae=False)
+    ds = LeRobotDataset("arli/local", root=root,
+                        delta_timestamps={"action": [i / meta_ds.fps for i in range(8)]})
+    pre, _ = make_pre_post_processors(cfg, dataset_stats=ds.meta.stats)
+    torch.manual_seed(0)
+    policy = get_policy_class("act")(cfg)
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
+    batch = pre(next(iter(torch.utils.data.DataLoader(ds, batch_size=16, shuffle=True))))
+    assert batch["action"].shape == (16, 8, 5)
+    losses = []
+    for _ in range(5):
+        loss, _ = policy.forward(batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert np.isfinite(losses).all() and losses[-1] < losses[0]
