@@ -8,6 +8,7 @@ overrides, and validates: a wrong key or value fails with the field and what is 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,6 +265,8 @@ def validate_run(cfg: RunSpec) -> None:
     for name in ("env_steps", "eval_every", "eval_episodes", "execute_horizon"):
         _require(getattr(cfg, name) >= 1, name, ">= 1", getattr(cfg, name))
     _require(cfg.anchor_episodes >= 0, "anchor_episodes", ">= 0", cfg.anchor_episodes)
+    for root in cfg.datasets:
+        _require(os.path.isdir(root), "datasets", "paths of recorded LeRobotDatasets", root)
     try:
         cfg.intervention.validate()
         cfg.learner.validate()

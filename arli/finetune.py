@@ -99,10 +99,25 @@ class Finetuner:
         ctl.env_steps, ctl.intervened_steps, ctl.takeovers = steps, intervened, takeovers
         return len(self.anchor)
 
+    def load_datasets(self) -> dict[str, int]:
+        """The recorded intervention datasets of ``spec.datasets`` into replay."""
+        from arli.rl.recorded import load_recorded  # noqa: PLC0415
+
+        total = {"online": 0, "anchor": 0, "episodes": 0}
+        for root in self.spec.datasets:
+            got = load_recorded(root, self.builder.dim, self.learner.action_dim, self.spec.learner.n_step,
+                                self.spec.learner.gamma, self.online, self.anchor)
+            total = {k: total[k] + got[k] for k in total}
+        return total
+
     def prepare(self, progress: bool = False) -> dict[str, float]:
-        """Before online learning: demonstration episodes into anchor replay, then anchor
-        pretraining of the residual actor (``learner.pretrain_updates`` BC steps on it)."""
+        """Before online learning: demonstration episodes and recorded datasets into replay,
+        then anchor pretraining of the residual actor (``learner.pretrain_updates`` BC steps)."""
+        recorded = self.load_datasets() if self.spec.datasets else {}
         transitions = self.collect_anchor()
+        if recorded:
+            print(f"recorded datasets: {recorded['episodes']} episodes, {recorded['anchor']} intervention "
+                  f"transitions -> anchor, {recorded['online']} robot transitions -> online replay", flush=True)
         loss = self.learner.pretrain_actor(self.anchor, self.spec.learner.pretrain_updates, progress)
         return {"anchor_transitions": transitions, "pretrain_loss": loss}
 

@@ -142,3 +142,36 @@ def test_a_lerobot_policy_trains_on_the_recording(recorded):
         opt.step()
         losses.append(float(loss.detach()))
     assert np.isfinite(losses).all() and losses[-1] < losses[0]
+
+
+def test_the_learner_replays_a_recording_with_interventions_flagged(recorded, tmp_path):
+    from arli.cli import compose  # noqa: PLC0415
+    from arli.commands.finetune import make_finetuner  # noqa: PLC0415
+    from arli.config import ConfigError  # noqa: PLC0415
+    from arli.rl.replay import INTERVENTION, ONLINE  # noqa: PLC0415
+
+    root, summary = recorded
+    cfg = compose("finetune", ["env=pick_cube", "checkpoint=expert", f"datasets=[{root}]"])
+    ft, _, _ = make_finetuner(cfg)
+    counts = ft.load_datasets()
+    t = _load(root).hf_dataset.with_format("numpy")
+    intervened = np.asarray(t["intervention"]).reshape(-1).astype(bool)
+    assert counts == {"online": int((~intervened).sum()), "anchor": int(intervened.sum()), "episodes": 3}
+    assert set(ft.anchor.data["source"][: len(ft.anchor)].tolist()) == {INTERVENTION}
+    assert set(ft.online.data["source"][: len(ft.online)].tolist()) == {ONLINE}
+    # the replayed states are the recorded ones, row for row
+    states = np.asarray(t["arli.state"], np.float32)
+    assert np.allclose(ft.online.data["state"][0], states[np.flatnonzero(~intervened)[0]])
+    # bad input: one line each, nothing loaded
+    other = compose("finetune", ["env=peg_insert", "checkpoint=expert", f"datasets=[{root}]"])
+    ft2, _, _ = make_finetuner(other)
+    with pytest.raises(ValueError, match="another task, variant or chunk size"):
+        ft2.load_datasets()
+    assert len(ft2.online) == len(ft2.anchor) == 0
+    with pytest.raises(ConfigError, match="datasets"):
+        compose("finetune", ["env=pick_cube", f"datasets=[{tmp_path / 'nope'}]"])
+    (tmp_path / "empty").mkdir()
+    from arli.rl.recorded import load_recorded  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match="not a LeRobotDataset"):
+        load_recorded(str(tmp_path / "empty"), 1, 5, 3, 0.99, ft.online, ft.anchor)

@@ -71,13 +71,18 @@ def main(cfg: BenchInterventionsConfig) -> int:
     if len(win) < 2:
         raise ValueError(f"only {len(summary['episodes'])} training episodes: too few for windows of {cfg.window}")
     first, last = win[0], win[-1]
-    falling = last["intervention_rate"] < first["intervention_rate"]
+    # Trend over thirds of the run, not two noisy windows: it falls when the last third's
+    # mean rate is at least 25% below the first third's.
+    third = max(1, len(win) // 3)
+    early = float(np.mean([w["intervention_rate"] for w in win[:third]]))
+    late = float(np.mean([w["intervention_rate"] for w in win[-third:]]))
+    falling = late <= 0.75 * early
     os.makedirs(cfg.report_dir, exist_ok=True)
     plot(win, summary["history"], os.path.join(cfg.report_dir, "interventions.png"),
          f"hil on {summary['env']}, d={summary['delay_steps']}: interventions vs learning")
     payload = {"env": summary["env"], "delay_steps": summary["delay_steps"], "env_steps": summary["env_steps"],
                "window_episodes": cfg.window, "first_window": first, "last_window": last,
-               "intervention_rate_falls": falling, "intervention_share_overall": summary["intervention_share"],
+               "intervention_rate_falls": falling, "first_third_rate": early, "last_third_rate": late, "intervention_share_overall": summary["intervention_share"],
                "takeovers": summary["takeovers"], "base_success": summary["base_success"],
                "anchor_only_success": summary["anchor_only_success"],
                "finetuned_success": summary["finetuned_success"], "windows": win, "machine": machine_info()}
@@ -94,8 +99,8 @@ def main(cfg: BenchInterventionsConfig) -> int:
           f"{first['success']:.2f} |",
           f"| last window | {last['env_steps']} | {last['intervention_rate']:.2f} | {last['assisted_share']:.2f} | "
           f"{last['success']:.2f} |", "",
-          f"Intervention rate, first -> last window: {first['intervention_rate']:.2f} -> "
-          f"{last['intervention_rate']:.2f} of control steps ({'lower' if falling else 'NOT lower'}; every window: "
+          f"Intervention rate, mean of the first third of windows -> the last third: {early:.3f} -> {late:.3f} "
+          f"of control steps ({'falls' if falling else 'does NOT fall'} by the criterion: >= 25% lower; every window: "
           + ", ".join(f"{w['intervention_rate']:.2f}" for w in win) + f"). Overall {summary['intervention_share']:.2f}, "
           f"{summary['takeovers']} takeovers.", "",
           f"Evaluation of the residual alone (no intervener, same 100 seeds): base {summary['base_success']:.2f}, "
@@ -108,6 +113,5 @@ def main(cfg: BenchInterventionsConfig) -> int:
     write_report(cfg.report_dir, "interventions", payload, "\n".join(md))
     print("\n".join(md[4:10]))
     if cfg.json:
-        print_last_line_json({"first_rate": first["intervention_rate"], "last_rate": last["intervention_rate"],
-                              "falls": falling})
+        print_last_line_json({"first_third_rate": early, "last_third_rate": late, "falls": falling})
     return 0

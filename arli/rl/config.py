@@ -155,6 +155,9 @@ class RunSpec:
     execute_horizon: int = 8
     env_steps: int = 15_000
     anchor_episodes: int = 60  # demonstration episodes (expert in the async loop) before learning
+    # recorded intervention datasets (`arli record`, `arli actor record_root=...`): their
+    # intervention steps join the anchor, the robot's own steps the online replay
+    datasets: list[str] = field(default_factory=list)
     intervention: InterventionSpec = field(default_factory=InterventionSpec)
     learn_after: int = 1000  # transitions in replay before the first update
     eval_every: int = 2500
