@@ -480,6 +480,8 @@ class LaunchConfig:
     base_port: int = 5555
     output_dir: str = "outputs/launch"
     extra_learner: list[str] = field(default_factory=list)  # more overrides for the learner
+    extra_actor: list[str] = field(default_factory=list)  # more overrides for every actor
+    record_root: str = ""  # record each actor's episodes into <record_root>/<actor_id>
 
 
 @dataclass

@@ -199,3 +199,57 @@ def test_unreachable_robot_is_a_one_line_fault():
 
     with pytest.raises(RobotFault, match="cannot connect to the Franka at 127.0.0.250"):
         FrankaDriver(_cfg("127.0.0.250"))
+
+
+def test_lost_robot_ends_the_episode_cleanly_and_the_recording_keeps_it(tmp_path):
+    """The runtime loop on a real clock with the Franka driver and the recorder: the robot
+    connection dies mid-episode; the episode ends (no exception), and the dataset holds the
+    complete first episode plus the steps of the second one up to the loss."""
+    from arli.chunking import ChunkScheduler  # noqa: PLC0415
+    from arli.latency import FixedLatency  # noqa: PLC0415
+    from arli.policies.base import BasePolicy  # noqa: PLC0415
+    from arli.record import EpisodeRecorder  # noqa: PLC0415
+    from arli.rollout import gripper_hold  # noqa: PLC0415
+    from arli.runtime.inference import SimInference  # noqa: PLC0415
+    from arli.runtime.loop import StepController, run_episode  # noqa: PLC0415
+    from arli.runtime.recording import RecordingController, intervention_features  # noqa: PLC0415
+    from robot_drivers.franka.driver import FrankaDriver  # noqa: PLC0415
+    from sim_envs.base import ACTION_NAMES, PROPRIO_NAMES  # noqa: PLC0415
+
+    class Drift(BasePolicy):  # chunks that move the hand slowly along -y
+        chunk_size, action_dim = 8, 5
+
+        def predict_actions(self, state, committed_prefix=None, delay_steps=None, image=None, guidance=None):
+            return np.tile(np.array([0, -0.2, 0, 0, -1], np.float32), (8, 1))
+
+    class PullThePlug(StepController):  # the robot's server dies at step 8 of the 2nd episode
+        episodes = 0
+
+        def begin_episode(self):
+            self.episodes += 1
+
+        def act(self, t, obs, info):
+            if self.episodes == 2 and t == 8:
+                server.kill()
+            return info.base_action
+
+    with franky_sim_server(_host(6)) as server:
+        driver = FrankaDriver(_cfg(_host(6), max_episode_steps=20, max_recoveries=1))
+        features = intervention_features(PROPRIO_NAMES, (), ACTION_NAMES, 4)
+        with EpisodeRecorder(tmp_path / "ds", 20, features) as recorder:
+            rec = RecordingController(PullThePlug(), recorder, "drift", len(PROPRIO_NAMES), driver=driver)
+            inference = SimInference(Drift(), FixedLatency(0.1), np.random.default_rng(0), driver.dt)
+            scheduler = ChunkScheduler(8, 4, 5, "async", "naive", 2, hold=gripper_hold(5))
+            first = run_episode(driver, inference, scheduler, MonotonicClock(driver.dt), 0, rec)
+            assert first.steps == 20 and first.robot_fault == ""
+            second = run_episode(driver, inference, scheduler, MonotonicClock(driver.dt), 1, rec)
+        assert "Franka at" in second.robot_fault and 0 < second.steps < 20
+        assert [s.frames for s in rec.summaries] == [20, second.steps]
+        assert rec.summaries[1].saved and rec.summaries[1].reason == "robot fault"
+        driver.close()
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: PLC0415
+
+    ds = LeRobotDataset("arli/local", root=tmp_path / "ds")
+    assert [int(n) for n in np.bincount(np.asarray(ds.hf_dataset["episode_index"]))] == [20, second.steps]
+    done = np.asarray(ds.hf_dataset.with_format("numpy")["next.done"]).reshape(-1)
+    assert done[19] and done[-1] and done.sum() == 2

@@ -23,7 +23,8 @@ def test_launch_two_actors_one_learner(tmp_path):
                     '"checkpoint_every_s=1"]'
     proc = subprocess.run([sys.executable, "-m", "arli.cli", "launch", "sim", "actors=2", "env=pick_cube",
                            "checkpoint=expert", "env_steps=400", f"base_port={base_port}", f"output_dir={out}",
-                           f"extra_learner={learner_extra}"], cwd=ROOT, capture_output=True, text=True, timeout=380)
+                           f"extra_learner={learner_extra}", f"record_root={out}/rec"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=380)
     logs = {p.name: p.read_text() for p in out.glob("*.log")}
     assert proc.returncode == 0, (proc.stdout[-2000:], {k: v[-1500:] for k, v in logs.items()})
     summary = json.loads((out / "learner" / "summary.json").read_text())
@@ -37,6 +38,12 @@ def test_launch_two_actors_one_learner(tmp_path):
         assert 160 <= stats["latency_ms"]["p50"] < 400, stats["latency_ms"]
         trace = json.loads((out / actor / "latency_trace.json").read_text())
         assert len(trace) >= 5 and min(trace) >= 0.16
+        # every episode the actor ran is in its crash-safe recording, read by LeRobot's loader
+        from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: PLC0415
+
+        ds = LeRobotDataset("arli/local", root=out / "rec" / actor)
+        assert ds.meta.total_episodes == stats["episodes"] >= len(episodes)  # the learner may stop first
+        assert len(ds) == stats["steps"]
         # weights reached the actor while it ran (versions grow over its episodes)
         versions = [e["weights_version"] for e in episodes]
         assert versions[-1] > versions[0] or len(versions) == 1

@@ -116,15 +116,15 @@ def actor_main(cfg: ActorConfig) -> int:
     from arli.runtime.actor import run_actor  # noqa: PLC0415
     from arli.runtime.link import LearnerLink  # noqa: PLC0415
     from arli.transport.inference_client import RemoteInference  # noqa: PLC0415
-    from robot_drivers.sim import SimDriver  # noqa: PLC0415
     from sim_envs import make_env, task_name  # noqa: PLC0415
 
     _logging()
     env = make_env(task_name(cfg.env.name), dt=cfg.env.dt, max_episode_steps=cfg.env.max_episode_steps)
-    driver = SimDriver(env, now=time.perf_counter)
+    driver = make_driver(cfg, env)
+    instruction = cfg.task or env.unwrapped.instruction
     curve = _curve(cfg.transport)
     inference = RemoteInference(cfg.transport.server, driver.dt, curve, cfg.planned_delay_steps,
-                                instruction=env.unwrapped.instruction)
+                                instruction=instruction)
     meta = inference.connect(timeout_s=120)
     H = inference.chunk_size
     d = min(cfg.planned_delay_steps, H // 2)
@@ -144,11 +144,15 @@ def actor_main(cfg: ActorConfig) -> int:
 
     stop = _stop_on_signals()
     seeds = (base_seed + i for i in range(10**6) if not stop.is_set())
+    recording = Recording(cfg, env, driver, instruction)
     try:
         stats, ctl = run_actor(driver, inference, link, chunking, seeds, cfg.weights_timeout_s,
-                               cfg.max_episodes or None, on_episode, cfg.seed, cfg.spin_s)
+                               cfg.max_episodes or None, on_episode, cfg.seed, cfg.spin_s,
+                               intervention=person_intervention(cfg.device), wrap=recording.wrap)
         flushed = link.flush(timeout_s=15)
     finally:
+        recording.close()
+        driver.close()
         link.close()
         inference.save_trace(os.path.join(cfg.output_dir, "latency_trace.json"))
         inference.close()
@@ -162,6 +166,67 @@ def actor_main(cfg: ActorConfig) -> int:
     print(f"arli actor {cfg.actor_id}: {stats.episodes} episodes, success {stats.successes}/{stats.episodes}; "
           f"latency trace in {cfg.output_dir}/latency_trace.json", flush=True)
     return 0
+
+
+def make_driver(cfg: ActorConfig, env):
+    """The robot the actor drives: the sim task on a real clock, or a Franka through franky
+    (with its cameras)."""
+    if cfg.robot == "sim":
+        from robot_drivers.sim import SimDriver  # noqa: PLC0415
+
+        return SimDriver(env, now=time.perf_counter)
+    from robot_drivers.camera import Camera  # noqa: PLC0415
+    from robot_drivers.franka.driver import FrankaDriver  # noqa: PLC0415
+
+    size = (cfg.camera_size, cfg.camera_size)
+    cameras = {name: Camera(int(src) if str(src).isdigit() else src, name, size).start()
+               for name, src in cfg.cameras.items()}
+    return FrankaDriver(cfg.franka, cameras=cameras, now=time.perf_counter)
+
+
+def person_intervention(device_name: str):
+    """A person's device as the intervener (None for ``device=none``): it watches every
+    episode and takes over whenever the operator does."""
+    from arli.rl.collect import Intervention  # noqa: PLC0415
+    from arli.rl.config import InterventionSpec  # noqa: PLC0415
+    from robot_drivers.teleop import open_device  # noqa: PLC0415
+
+    device = open_device(device_name)
+    if device is None:
+        return None
+    print(f"intervention device {device.name}: {device.status}", flush=True)
+    return Intervention(None, InterventionSpec(prob=1.0, mode="corrective"), device)
+
+
+class Recording:
+    """``record_root`` set: every actor episode goes into a crash-safe LeRobotDataset
+    (appending to it when it exists), built once the residual's state size is known."""
+
+    def __init__(self, cfg: ActorConfig, env, driver, instruction: str):
+        self.cfg, self.env, self.driver, self.instruction = cfg, env, driver, instruction
+        self.recorder = None
+
+    def wrap(self, ctl):
+        if not self.cfg.record_root:
+            return ctl
+        from arli.record import EpisodeRecorder  # noqa: PLC0415
+        from arli.runtime.recording import RecordingController, intervention_features  # noqa: PLC0415
+        from sim_envs.base import ACTION_NAMES, PROPRIO_DIM, PROPRIO_NAMES  # noqa: PLC0415
+
+        names = list(getattr(self.env.unwrapped, "state_names", PROPRIO_NAMES))[: self.driver.state_dim]
+        cams = ({name: (self.cfg.camera_size,) * 2 for name in self.cfg.cameras} if self.cfg.robot == "franka"
+                else {})
+        features = intervention_features(PROPRIO_NAMES, names[PROPRIO_DIM:], ACTION_NAMES, ctl.builder.dim, cams)
+        root = self.cfg.record_root
+        self.recorder = EpisodeRecorder(root, int(round(1 / self.driver.dt)), features,
+                                        resume=os.path.isdir(root) and bool(os.listdir(root)),
+                                        use_videos=bool(cams))
+        print(f"recording every episode into {root} ({self.recorder.total_episodes} there already)", flush=True)
+        return RecordingController(ctl, self.recorder, self.instruction, PROPRIO_DIM, driver=self.driver)
+
+    def close(self) -> None:
+        if self.recorder is not None:
+            self.recorder.close()
 
 
 def launch_commands(cfg: LaunchConfig) -> dict[str, list[str]]:
@@ -182,7 +247,9 @@ def launch_commands(cfg: LaunchConfig) -> dict[str, list[str]]:
     for i in range(cfg.actors):
         cmds[f"actor{i}"] = arli + ["actor", *env, f"actor_id=actor{i}", f"seed={i}",
                                     f"planned_delay_steps={d_min}", f"min_delay_steps={d_min}",
-                                    f"output_dir={cfg.output_dir}/actor{i}", *transport]
+                                    f"output_dir={cfg.output_dir}/actor{i}", *transport, *cfg.extra_actor]
+        if cfg.record_root:
+            cmds[f"actor{i}"].append(f"record_root={cfg.record_root}/actor{i}")
     return cmds
 
 

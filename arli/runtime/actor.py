@@ -94,6 +94,7 @@ class ActorStats:
     spikes: int = 0
     dropped: int = 0
     server_lost_steps: int = 0
+    robot_faults: int = 0
 
 
 def wait_for_weights(link: LearnerLink, timeout_s: float) -> tuple[int, dict, dict]:
@@ -110,20 +111,31 @@ def wait_for_weights(link: LearnerLink, timeout_s: float) -> tuple[int, dict, di
 
 
 def run_actor(driver, inference, link: LearnerLink, chunking: dict, seeds, weights_timeout_s: float = 120.0,
-              max_episodes: int | None = None, on_episode=None, seed: int = 0, spin_s: float = 0.002) -> tuple[ActorStats, RemoteResidualController]:
-    """Episodes until the learner says it is done (or ``max_episodes``)."""
+              max_episodes: int | None = None, on_episode=None, seed: int = 0, spin_s: float = 0.002,
+              intervention=None, wrap=None) -> tuple[ActorStats, RemoteResidualController]:
+    """Episodes until the learner says it is done (or ``max_episodes``).
+
+    ``intervention``: a person's device (``arli.rl.collect.Intervention``) that can take
+    over; their steps are sent as intervention transitions. ``wrap``: ctl -> the controller
+    the loop runs (the recorder around the residual), built once the residual is known.
+    """
     version, arrays, meta = wait_for_weights(link, weights_timeout_s)
     learner, builder = residual_from_weights(arrays, meta, driver.state_dim, driver.action_dim, seed)
     ctl = RemoteResidualController(learner, builder, link)
+    ctl.intervention = intervention
     ctl.version, ctl.done = version, bool(meta.get("done", False))
+    loop_ctl = wrap(ctl) if wrap is not None else ctl
     scheduler = ChunkScheduler(inference.chunk_size, action_dim=driver.action_dim, **chunking)
     clock = MonotonicClock(driver.dt, spin_s=spin_s)
     stats = ActorStats()
     for seed in seeds:
         if ctl.done or (max_episodes is not None and stats.episodes >= max_episodes):
             break
-        result = run_episode(driver, inference, scheduler, clock, seed, ctl)
+        result = run_episode(driver, inference, scheduler, clock, seed, loop_ctl)
         stats.episodes += 1
+        if result.robot_fault:
+            stats.robot_faults += 1
+            log.error("episode %d ended by the robot: %s", stats.episodes, result.robot_fault)
         stats.successes += int(result.success)
         stats.steps += result.steps
         stats.spikes += result.spikes
