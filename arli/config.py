@@ -466,6 +466,11 @@ class LearnerServiceConfig(FinetuneConfig):
     transport: TransportConfig = field(default_factory=TransportConfig)
     publish_every: int = 50  # updates between weight broadcasts
     checkpoint_every_s: float = 10.0
+    # franka: the actors drive a real arm, whose state is proprioception only (the first 9
+    # entries of env.name's state); no base policy here (the server's chunk size is
+    # chunk_size), no scripted demos, no evaluation in sim
+    robot: str = "sim"
+    chunk_size: int = 16  # robot=franka: the served policy's chunk size H
 
 
 @dataclass
@@ -520,6 +525,14 @@ def validate_learner_service(cfg: LearnerServiceConfig) -> None:
     validate_finetune(cfg)
     validate_transport(cfg.transport)
     _require(cfg.publish_every >= 1, "publish_every", ">= 1", cfg.publish_every)
+    _require(cfg.robot in ROBOTS, "robot", f"one of {ROBOTS}", cfg.robot)
+    if cfg.robot == "franka":
+        _require(cfg.anchor_episodes == 0, "anchor_episodes",
+                 "0 with robot=franka (no scripted expert on a real arm; pass recorded datasets=[...])",
+                 cfg.anchor_episodes)
+        _require(cfg.regime == "rl", "regime", "rl with robot=franka (the person intervenes at the actor: "
+                 "device=...)", cfg.regime)
+        _require(cfg.chunk_size >= 2, "chunk_size", ">= 2 (the served policy's H)", cfg.chunk_size)
 
 
 def validate_launch(cfg: LaunchConfig) -> None:

@@ -87,6 +87,8 @@ class Finetuner:
         scheduler's own (base actions relabelled). Returns the anchor transitions collected."""
         if self.spec.anchor_episodes and self.expert is None:
             raise ValueError("anchor_episodes > 0 needs a scripted expert for this task; set anchor_episodes=0")
+        if not self.spec.anchor_episodes:
+            return len(self.anchor)
         ctl = self.controller
         saved = ctl.intervention, ctl.source, ctl.learn_after
         ctl.intervention = Intervention(self.expert, InterventionSpec(prob=1.0, after=0, mode="takeover"))

@@ -191,3 +191,21 @@ def add_box(parent: mujoco.MjsBody, name: str, half_size, pos, rgba, **geom_attr
     for key, value in geom_attrs.items():
         setattr(geom, key, value)
     return geom
+
+
+class ProprioOnly(gym.ObservationWrapper):
+    """The task as a real arm sees it: ``state`` is proprioception only (``PROPRIO_NAMES``),
+    the object state a sim knows is dropped (a real robot has it only through cameras)."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        space = env.observation_space
+        self.observation_space = gym.spaces.Dict({
+            **space.spaces, "state": gym.spaces.Box(-np.inf, np.inf, (PROPRIO_DIM,), np.float32)})
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        return PROPRIO_NAMES
+
+    def observation(self, observation):
+        return {**observation, "state": np.asarray(observation["state"][:PROPRIO_DIM], np.float32)}

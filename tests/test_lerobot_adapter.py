@@ -12,29 +12,13 @@ from arli.policies.load import load_base_policy
 from arli.rollout import gripper_hold, run_episode
 from arli.types import Observation
 from sim_envs import make_env
+from lerobot_utils import save_lerobot_policy
 
 N, M = 20, 5  # peg_insert state and action dims
 
 
 def _save_lerobot_policy(kind: str, path, **kw) -> None:
-    from lerobot.configs.types import FeatureType, PolicyFeature
-    from lerobot.policies.factory import get_policy_class, make_policy_config, make_pre_post_processors
-
-    inputs = {"observation.state": PolicyFeature(FeatureType.STATE, (N,)),
-              "observation.environment_state": PolicyFeature(FeatureType.ENV, (N,))}
-    cfg = make_policy_config(kind, device="cpu", input_features=inputs,
-                             output_features={"action": PolicyFeature(FeatureType.ACTION, (M,))}, **kw)
-    torch.manual_seed(0)
-    policy = get_policy_class(kind)(cfg)
-
-    def stat(n):
-        return {"mean": torch.zeros(n), "std": torch.ones(n), "min": -torch.ones(n), "max": torch.ones(n)}
-
-    pre, post = make_pre_post_processors(cfg, dataset_stats={
-        "observation.state": stat(N), "observation.environment_state": stat(N), "action": stat(M)})
-    policy.save_pretrained(path)
-    pre.save_pretrained(path)
-    post.save_pretrained(path)
+    save_lerobot_policy(kind, path, N, M, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUF
 def _load(root):
     from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: PLC0415
 
-    return LeRobotDataset("arli/local", root=root)
+    # pyav: torchcodec (LeRobot's default video decoder) needs FFmpeg's shared libraries
+    return LeRobotDataset("arli/local", root=root, video_backend="pyav")
 
 
 def _episode_lengths(ds) -> list[int]:
@@ -83,7 +84,8 @@ def test_sigkill_inside_a_save_is_rolled_back_on_resume(tmp_path):
 def recorded(tmp_path_factory):
     root = tmp_path_factory.mktemp("rec") / "pick"
     out = subprocess.run([sys.executable, "-m", "arli.cli", "record", "env=pick_cube", "checkpoint=expert",
-                          "episodes=3", f"root={root}", "intervention.threshold=0.3", "intervention.patience=1"],
+                          "episodes=3", f"root={root}", "intervention.threshold=0.3", "intervention.patience=1",
+                          "image_size=32"],
                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     summary = json.loads(out.stdout[out.stdout.index("{"):])
@@ -112,6 +114,9 @@ def test_record_writes_every_field_lerobot_reads_it_back(recorded):
     done = np.asarray(t["next.done"]).reshape(-1)
     assert done.sum() == 3 and done[-1]
     assert ds[0]["task"] == "pick up the red cube and lift it"
+    # the camera went into an AV1 video per episode, decoded back frame by frame
+    frame = ds[len(ds) // 2]["observation.images.front"]
+    assert frame.shape == (3, 32, 32) and 0.05 < float(frame.mean()) < 0.95
 
 
 def test_a_lerobot_policy_trains_on_the_recording(recorded):
@@ -126,7 +131,7 @@ def test_a_lerobot_policy_trains_on_the_recording(recorded):
     cfg = make_policy_config("act", device="cpu", input_features=inputs, output_features={"action": feats["action"]},
                              chunk_size=8, n_action_steps=8, dim_model=32, n_heads=2, dim_feedforward=32,
                              n_encoder_layers=1, n_decoder_layers=1, use_vae=False)
-    ds = LeRobotDataset("arli/local", root=root,
+    ds = LeRobotDataset("arli/local", root=root, video_backend="pyav",
                         delta_timestamps={"action": [i / meta_ds.fps for i in range(8)]})
     pre, _ = make_pre_post_processors(cfg, dataset_stats=ds.meta.stats)
     torch.manual_seed(0)

@@ -42,6 +42,8 @@ def make_finetuner(cfg: FinetuneConfig, image_size: int = 0):
     from arli.policies.load import load_base_policy  # noqa: PLC0415
 
     name = task_name(cfg.env.name)
+    if getattr(cfg, "robot", "sim") == "franka":
+        return _real_robot_finetuner(cfg, name)
     if name not in EXPERTS and (cfg.anchor_episodes or cfg.regime == "hil"):
         raise ConfigError(f"env.name: {name} has no scripted expert for demonstrations or interventions; "
                           "set anchor_episodes=0 regime=rl")
@@ -125,3 +127,24 @@ def main(cfg: FinetuneConfig) -> int:
           f"| {final['success']:.2f} |")
     print(f"\nwrote {run_dir}/ (checkpoint/, tb/, learning_curve.png, summary.json) in {summary['wall_s']:.0f} s")
     return 0
+
+
+def _real_robot_finetuner(cfg, name: str):
+    """The learner of a real arm: the residual state from proprioception (``ProprioOnly``),
+    the chunk size of the served policy, no base policy, demos or sim evaluation here."""
+    from arli.finetune import Finetuner  # noqa: PLC0415
+    from arli.policies.base import BasePolicy  # noqa: PLC0415
+    from sim_envs.base import ProprioOnly  # noqa: PLC0415
+
+    class ServedElsewhere(BasePolicy):
+        def __init__(self, chunk_size: int, action_dim: int):
+            self.chunk_size, self.action_dim = chunk_size, action_dim
+
+        def predict_actions(self, *args, **kwargs):
+            raise RuntimeError("the learner of a real robot has no base policy: chunks come from `arli serve` "
+                               "to the robot; there is no evaluation in sim")
+
+    env = ProprioOnly(make_env(name, dt=cfg.env.dt, max_episode_steps=cfg.env.max_episode_steps))
+    base = ServedElsewhere(cfg.chunk_size, env.action_space.shape[0])
+    delay = cfg.delay_steps if cfg.delay_steps is not None else 4
+    return Finetuner(cfg, env, base, None, FixedLatency(delay * cfg.env.dt)), name, delay

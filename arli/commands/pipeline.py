@@ -98,6 +98,9 @@ def learner_main(cfg: LearnerServiceConfig) -> int:
         print(f"arli learner: stopped at env step {service.env_steps}; checkpoint in {run_dir}/checkpoint "
               "(start the same command again to resume)", flush=True)
         return 0
+    if cfg.robot != "sim":  # a real arm's learner has nothing to evaluate in sim
+        print(f"arli learner: done at env step {service.env_steps}; checkpoint in {run_dir}/checkpoint", flush=True)
+        return 0
     final = ft.evaluate(cfg.final_eval_episodes)
     summary = {"env": name, "variant": cfg.variant, "delay_steps": delay, "env_steps": service.env_steps,
                "updates": ft.learner.updates, "finetuned_success": final["success"],

@@ -120,6 +120,10 @@ def run_actor(driver, inference, link: LearnerLink, chunking: dict, seeds, weigh
     the loop runs (the recorder around the residual), built once the residual is known.
     """
     version, arrays, meta = wait_for_weights(link, weights_timeout_s)
+    if int(meta["chunk_size"]) != int(inference.chunk_size):
+        raise ValueError(f"the learner's residual expects chunks of {meta['chunk_size']} actions, the server "
+                         f"sends {inference.chunk_size}: start `arli learner` with chunk_size="
+                         f"{inference.chunk_size} (robot=franka) or the same base checkpoint as the server")
     learner, builder = residual_from_weights(arrays, meta, driver.state_dim, driver.action_dim, seed)
     ctl = RemoteResidualController(learner, builder, link)
     ctl.intervention = intervention

@@ -25,6 +25,7 @@ from robot_drivers.franka.config import FrankaConfig
 from robot_drivers.franka.safety import CartesianTarget, TargetIntegrator
 
 log = logging.getLogger("arli.franka")
+_PENDING_GRIPPERS: list = []  # grippers with a command still running when released (see below)
 
 
 def _is_network_error(franky: Any, exc: BaseException) -> bool:
@@ -63,7 +64,9 @@ class FrankaDriver(RobotDriver):
         self._lock = threading.RLock()  # franky calls from the loop and the watchdog
         self._last_act = 0.0
         self._moving = False
-        self.stats = {"sent": 0, "recoveries": 0, "reconnects": 0, "watchdog_stops": 0, "faults": []}
+        self.stats = {"sent": 0, "recoveries": 0, "reconnects": 0, "watchdog_stops": 0, "grip_deferred": 0,
+                      "faults": []}
+        self._grip_future: Any = None
         self._stop_watchdog = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name="franka-watchdog", daemon=True)
         self._connect()
@@ -86,10 +89,12 @@ class FrankaDriver(RobotDriver):
                     "check the cable/IP, that FCI is enabled in Desk and the brakes are open")
             raise RobotFault(f"cannot connect to the Franka at {cfg.hostname}: {exc} ({hint})") from exc
         self._gripper_closed = None
+        self._grip_future = None
 
     def _reconnect(self) -> None:
         with self._lock:
-            self.robot = self.gripper = None
+            self._release_gripper()
+            self.robot = None
             gc.collect()  # drop libfranka's sockets so the robot accepts a new session
             self._connect()
             self.stats["reconnects"] += 1
@@ -198,7 +203,8 @@ class FrankaDriver(RobotDriver):
                     self.robot.stop()
                 except Exception:  # noqa: BLE001  (closing: nothing left to recover)
                     pass
-            self.robot = self.gripper = None
+            self._release_gripper()
+            self.robot = None
         for cam in self.cameras.values():
             cam.close()
 
@@ -215,15 +221,28 @@ class FrankaDriver(RobotDriver):
             self._moving = True
             self.stats["sent"] += 1
 
+    def _release_gripper(self) -> None:
+        # franky crashes the process (SIGSEGV) when a Gripper is destroyed while one of its
+        # async commands still runs: give it a moment, then keep it alive until exit instead.
+        if self._grip_future is not None and not self._grip_future.wait(2.0):
+            _PENDING_GRIPPERS.append((self.gripper, self._grip_future))
+        self.gripper, self._grip_future = None, None
+
     def _set_gripper(self, close: bool) -> None:
+        """Send the grip decision when it changes. franky queues gripper commands behind the
+        one in flight (a call would block the control loop until it finishes), so a change
+        while one runs waits for a later step instead."""
         if self.gripper is None or close == self._gripper_closed:
+            return
+        if self._grip_future is not None and not self._grip_future.wait(0):
+            self.stats["grip_deferred"] += 1
             return
         cfg = self.cfg
         with self._lock:
             if close:  # grasp whatever is there: any final width counts
-                self.gripper.grasp_async(0.0, cfg.grip_speed, cfg.grip_force, 0.1, 0.1)
+                self._grip_future = self.gripper.grasp_async(0.0, cfg.grip_speed, cfg.grip_force, 0.1, 0.1)
             else:
-                self.gripper.move_async(self.gripper.max_width, cfg.grip_speed)
+                self._grip_future = self.gripper.move_async(self.gripper.max_width, cfg.grip_speed)
         self._gripper_closed = close
 
     def _clear_preemption(self) -> None:
