@@ -33,6 +33,15 @@ def test_defaults_and_overrides():
     ("finetune", "intervention.max_steps=-1", "intervention.max_steps"),
     ("bench_latency_sweep", "variants=[arli,magic]", "variants"),
     ("bench_learner", "threads=0", "threads"),
+    ("actor", "robot=ur5", "robot"),
+    ("actor", "device=joystick", "device"),
+    ("actor", "franka.max_step_pos=0.2", "franka.max_step_pos"),
+    ("actor", "franka.workspace_low=[0.8,0,0]", "franka.workspace_low"),
+    ("actor", "franka.relative_dynamics_factor=1.5", "franka.relative_dynamics_factor"),
+    ("learner", "robot=franka", "anchor_episodes"),
+    ("record", "device=joystick", "device"),
+    ("record", "episodes=0", "episodes"),
+    ("finetune", "intervention.judged_dims=-1", "intervention.judged_dims"),
 ])
 def test_bad_values_name_the_field(command, override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
