@@ -102,10 +102,23 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def _quiet_warnings() -> None:
+    """Warnings a user of the CLI cannot act on (deprecations inside torch, datasets,
+    pygame, LeRobot...) are not shown; ARLI's own messages are logs and errors, not warnings."""
+    import warnings  # noqa: PLC0415
+
+    for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", category=category)
+    warnings.filterwarnings("ignore", message=".*pkg_resources is deprecated.*")
+    warnings.filterwarnings("ignore", message="Converting input from bool")
+
+
 def main(argv: list[str] | None = None) -> int:
     from arli.config import ConfigError  # noqa: PLC0415
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if argv is None:  # the console script, not a test calling main(): quiet third-party noise
+        _quiet_warnings()
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage())
         return 0
@@ -117,8 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [("json=true" if a == "--json" else a) for a in rest]
     if "--help" in rest or "-h" in rest:
         name, _, help_ = COMMANDS[words]
-        schema = __import__("arli.config", fromlist=["SCHEMAS"]).SCHEMAS[name][0]
-        print(f"arli {words}: {help_}\n\ndefaults:\n{OmegaConf.to_yaml(OmegaConf.structured(schema))}")
+        given = [o for o in overrides if o not in ("--help", "-h")]
+        try:  # the YAML a run with these overrides would use (config groups composed)
+            composed = OmegaConf.to_yaml(OmegaConf.structured(compose(name, given)))
+        except ConfigError as exc:
+            print(f"arli {words}: invalid config: {exc}", file=sys.stderr)
+            return 2
+        print(f"arli {words}: {help_}\n\nconfig (defaults{' + your overrides' if given else ''}):\n"
+              f"{composed}\noverrides: key=value, nested.key=value, 'list=[a,b]', +new_dict_key=value, "
+              f"group=option (e.g. env=pick_cube latency=lognormal); see configs/{name}.yaml")
         return 0
     name, target, _ = COMMANDS[words]
     try:
@@ -126,11 +146,18 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"arli {words}: invalid config: {exc}", file=sys.stderr)
         return 2
+    from arli.errors import InputError  # noqa: PLC0415
+    from robot_drivers.base import RobotFault  # noqa: PLC0415
+
     try:
         return int(_resolve(target)(cfg) or 0)
-    except (ValueError, OSError) as exc:  # bad input or files: a message, not a traceback
+    except (InputError, FileNotFoundError, FileExistsError, PermissionError, RobotFault) as exc:
+        # what the user can fix: one line; any other exception is a bug and keeps its traceback
         print(f"arli {words}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"arli {words}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

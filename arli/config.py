@@ -14,6 +14,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
+from arli.errors import InputError
 from arli.policies.flow_config import FlowHyperparams
 from arli.rl.config import RunSpec
 from robot_drivers.franka.config import FrankaConfig
@@ -21,7 +22,7 @@ from robot_drivers.franka.config import FrankaConfig
 LATENCY_KINDS = ("fixed", "uniform", "lognormal", "trace")
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A config field has a value that is not allowed; the message names both."""
 
 

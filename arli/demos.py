@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from tqdm import tqdm
 
+from arli.errors import InputError
 from arli.record import EpisodeRecorder, dataset_features
 from sim_envs import make_env, task_name
 from sim_envs.base import ACTION_NAMES
@@ -18,7 +19,7 @@ def collect_demos(env_name: str, episodes: int, root: str, seed: int = 0, dt: fl
     """Run the scripted expert and record ``episodes`` episodes at ``root``."""
     name = task_name(env_name)
     if name not in EXPERTS:
-        raise ValueError(f"no scripted expert for {name!r}; demos exist for {sorted(EXPERTS)}")
+        raise InputError(f"no scripted expert for {name!r}; demos exist for {sorted(EXPERTS)}")
     env = make_env(name, dt=dt, image_size=image_size)
     expert = EXPERTS[name]
     fps = int(round(1.0 / dt))
@@ -59,7 +60,7 @@ def load_chunk_dataset(root: str, chunk_size: int, repo_id: str = "arli/local") 
     ds = LeRobotDataset(repo_id, root=root)
     missing = [k for k in ("observation.state", "action", "episode_index") if k not in ds.features]
     if missing:
-        raise ValueError(f"dataset {root} lacks feature(s) {missing}; it has {sorted(ds.features)}")
+        raise InputError(f"dataset {root} lacks feature(s) {missing}; it has {sorted(ds.features)}")
     table = ds.hf_dataset.with_format("numpy")
     state = np.asarray(table["observation.state"], np.float32)
     action = np.asarray(table["action"], np.float32)

@@ -26,6 +26,8 @@ from typing import Sequence
 
 import numpy as np
 
+from arli.errors import InputError
+
 log = logging.getLogger("arli.record")
 JOURNAL = ".arli_saving.json"
 META_BACKUP = ".arli_meta_backup"
@@ -103,7 +105,7 @@ class EpisodeRecorder:
             have, want = spec(self.dataset.features), spec(features)
             if have != want or set(want) != set(features):
                 diff = sorted(k for k in features if have.get(k) != want.get(k))
-                raise ValueError(f"dataset {self.root} was recorded with other features (differing: "
+                raise InputError(f"dataset {self.root} was recorded with other features (differing: "
                                  f"{diff}); record into a new root")
         else:
             if self.root.exists():

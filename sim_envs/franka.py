@@ -9,6 +9,7 @@ in MuJoCo's C loop plus one damped-least-squares IK solve in numpy.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 
@@ -28,13 +29,12 @@ GRIP_SITE = "grip_site"
 
 def robosuite_assets_dir() -> str:
     """Directory of robosuite's MJCF assets (raises with an install hint if missing)."""
-    try:
-        import robosuite  # noqa: PLC0415 - heavy import, only needed here
-    except ImportError as exc:  # pragma: no cover - dependency is pinned
-        raise ImportError(
-            "the Panda model is loaded from robosuite's assets: `pip install robosuite==1.5.1`"
-        ) from exc
-    return os.path.join(os.path.dirname(robosuite.__file__), "models", "assets")
+    # Located, not imported: importing robosuite prints five warnings and takes a second,
+    # and only the robosuite tasks need its code.
+    spec = importlib.util.find_spec("robosuite")
+    if spec is None or not spec.submodule_search_locations:  # pragma: no cover - pinned dependency
+        raise ImportError("the Panda model is loaded from robosuite's assets: `pip install robosuite==1.5.1`")
+    return os.path.join(list(spec.submodule_search_locations)[0], "models", "assets")
 
 
 def build_panda_spec() -> mujoco.MjSpec:

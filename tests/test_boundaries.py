@@ -25,3 +25,11 @@ def test_the_runtime_loop_depends_on_the_driver_interface_only():
     mods = imported("arli.runtime.loop")
     assert "robot_drivers.base" in mods
     assert not any(m.startswith(("robot_drivers.sim", "sim_envs", "mujoco")) for m in mods)
+
+
+def test_native_tasks_do_not_import_robosuite():
+    """robosuite's import prints warnings; only its own tasks should pay for it."""
+    code = ("import sys, sim_envs; env = sim_envs.make_env('peg_insert'); env.reset(seed=0); "
+            "print('robosuite' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False" and "robosuite" not in out.stderr

@@ -88,3 +88,21 @@ def test_every_task_has_an_env_config_group():
 
     for name in TASKS:
         assert compose("finetune", [f"env={name}"]).env.name == name
+
+
+def test_every_command_help_prints_its_composed_config(capsys):
+    from omegaconf import OmegaConf  # noqa: PLC0415
+
+    from arli.cli import COMMANDS  # noqa: PLC0415
+
+    for words, (name, _, _) in COMMANDS.items():
+        assert main([*words.split(), "--help"]) == 0, words
+        out = capsys.readouterr().out
+        assert out.startswith(f"arli {words}:") and "overrides:" in out, words
+        body = out.split("):\n", 1)[1].rsplit("\noverrides:", 1)[0]
+        composed = OmegaConf.create(body)  # valid YAML, the values a run would use
+        if "env" in composed:
+            assert composed.env.name == "peg_insert" and composed.env.dt == 0.05, words
+    assert main(["finetune", "env=pick_cube", "--help"]) == 0
+    assert "name: pick_cube" in capsys.readouterr().out
+    assert main(["finetune", "variant=nope", "--help"]) == 2

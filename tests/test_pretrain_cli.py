@@ -69,3 +69,14 @@ def test_image_observations_flow_from_dataset_to_policy(tmp_path):
         policy.predict_actions(obs["state"])
     with pytest.raises(ValueError, match=r"image must have shape \(24, 24, 3\)"):
         policy.predict_actions(obs["state"], image=np.zeros((32, 32, 3), np.uint8))
+
+
+def test_a_mistyped_checkpoint_is_an_error_not_a_pretraining(tmp_path):
+    typo = tmp_path / "chekpoint"
+    proc = subprocess.run([sys.executable, "-m", "arli.cli", "bench", "base", "env=pick_cube", f"checkpoint={typo}"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode != 0
+    message = proc.stdout + proc.stderr
+    assert f"no policy at {typo}" in message and "arli pretrain env=pick_cube" in message
+    assert len(message.strip().splitlines()) <= 3  # a clear line, not a traceback
+    assert not typo.exists()  # nothing written

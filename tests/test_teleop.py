@@ -110,3 +110,27 @@ def test_scripted_operator_takes_over_and_hands_back_through_the_device_interfac
     # takes over on the 2nd deviating step, drives 3 steps, hands back on the 4th and judges
     # again: the robot still deviates, so it takes over again after 2 more steps
     assert events == [[], [Event.TAKE_OVER], [], [], [Event.HAND_BACK], [Event.TAKE_OVER]]
+
+
+def test_an_unplugged_device_is_reported_once_and_the_run_goes_on(caplog):
+    """A person's device that is not there: the intervener never acts, says so once, and
+    the robot keeps running its own policy; events of a device that is there still pass."""
+    from arli.rl.collect import Intervention  # noqa: PLC0415
+    from arli.rl.config import InterventionSpec  # noqa: PLC0415
+
+    gone = SpaceMouse(path=b"/dev/hidraw-nothing").start()
+    assert not gone.connected and "unavailable" in gone.status
+    intervention = Intervention(None, InterventionSpec(prob=1.0), gone)
+    intervention.begin_episode(watching=True)
+    with caplog.at_level("WARNING", logger="arli.collect"):
+        for t in range(20):
+            assert intervention.decide(t, np.zeros(9), np.zeros(5)) is None
+    assert sum("going on without it" in r.message for r in caplog.records) == 1
+
+    pad = Gamepad()
+    pad.connected, pad.status = True, "test"
+    intervention = Intervention(None, InterventionSpec(prob=1.0), pad)
+    intervention.begin_episode(watching=True)
+    pad._events.append(Event.SUCCESS)
+    intervention.decide(0, np.zeros(9), np.zeros(5))
+    assert intervention.events == [Event.SUCCESS]

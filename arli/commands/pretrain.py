@@ -25,11 +25,21 @@ def ensure_demos(cfg: PretrainConfig) -> None:
 
 
 def ensure_base_policy(checkpoint: str, pretrain_cfg: PretrainConfig, env_cfg) -> None:
-    """Pretrain (collecting demos first if needed) when ``checkpoint`` holds no policy."""
-    if checkpoint != "expert" and not os.path.exists(os.path.join(checkpoint, "config.json")):
-        print(f"no base policy at {checkpoint}: running arli pretrain")
-        pretrain_cfg.output_dir, pretrain_cfg.env = checkpoint, env_cfg
-        pretrain(pretrain_cfg)
+    """Pretrain (collecting demos first if needed) when the *default* checkpoint holds no
+    policy. Any other path must exist: a mistyped checkpoint is an error, not a 5-15 minute
+    pretraining into the typo."""
+    if checkpoint == "expert" or os.path.exists(os.path.join(checkpoint, "config.json")):
+        return
+    default = f"checkpoints/base_{env_cfg.name}"
+    if os.path.normpath(checkpoint) != os.path.normpath(default):
+        from arli.config import ConfigError  # noqa: PLC0415
+
+        raise ConfigError(f"checkpoint: no policy at {checkpoint} (no config.json there); pass an existing "
+                          f"checkpoint directory or 'expert', or train one: arli pretrain env={env_cfg.name} "
+                          f"output_dir={checkpoint}")
+    print(f"no base policy at {checkpoint}: running arli pretrain")
+    pretrain_cfg.output_dir, pretrain_cfg.env = checkpoint, env_cfg
+    pretrain(pretrain_cfg)
 
 
 def pretrain(cfg: PretrainConfig) -> dict:

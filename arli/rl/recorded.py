@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from arli.errors import InputError
 from arli.rl.replay import INTERVENTION, ONLINE, NStepAccumulator, ReplayBuffer
 
 REQUIRED = ("arli.state", "base_action", "action", "intervention", "next.reward", "next.done")
@@ -18,31 +19,31 @@ def load_recorded(root: str, state_dim: int, action_dim: int, n_step: int, gamma
                   online: ReplayBuffer, anchor: ReplayBuffer) -> dict[str, int]:
     """Add the dataset at ``root`` to ``online`` / ``anchor``; returns row counts.
 
-    Raises ``ValueError`` (one line, what to do) for a dataset that is not a recording, was
+    Raises ``InputError`` (one line, what to do) for a dataset that is not a recording, was
     recorded for another task or state variant, or cannot be read.
     """
     if not os.path.isfile(os.path.join(root, "meta", "info.json")):
-        raise ValueError(f"datasets: {root} is not a LeRobotDataset (no meta/info.json); pass a root "
+        raise InputError(f"datasets: {root} is not a LeRobotDataset (no meta/info.json); pass a root "
                          "written by `arli record` or `arli actor record_root=...`")
     from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: PLC0415
 
     try:
         ds = LeRobotDataset("arli/local", root=root)
     except Exception as exc:  # noqa: BLE001  (LeRobot raises many kinds for a broken dataset)
-        raise ValueError(f"datasets: cannot read {root}: {exc}") from None
+        raise InputError(f"datasets: cannot read {root}: {exc}") from None
     missing = [k for k in REQUIRED if k not in ds.features]
     if missing:
-        raise ValueError(f"datasets: {root} lacks {missing}: it is not an intervention recording (demos "
+        raise InputError(f"datasets: {root} lacks {missing}: it is not an intervention recording (demos "
                          "go through anchor_episodes; record with `arli record`)")
     dim = int(ds.features["arli.state"]["shape"][0])
     if dim != state_dim or int(ds.features["action"]["shape"][0]) != action_dim:
-        raise ValueError(f"datasets: {root} holds {dim}-d ARLI states and "
+        raise InputError(f"datasets: {root} holds {dim}-d ARLI states and "
                          f"{ds.features['action']['shape'][0]}-d actions; this learner uses {state_dim} and "
                          f"{action_dim}: it was recorded for another task, variant or chunk size")
     t = ds.hf_dataset.with_format("numpy")
     states = np.asarray(t["arli.state"], np.float32)
     if not np.any(states):
-        raise ValueError(f"datasets: {root} was recorded without a residual (ARLI state all zero); "
+        raise InputError(f"datasets: {root} was recorded without a residual (ARLI state all zero); "
                          "record with the residual controller to use it as replay")
     base = np.asarray(t["base_action"], np.float32)
     action = np.asarray(t["action"], np.float32)
