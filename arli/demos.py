@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from tqdm import tqdm
 
@@ -24,28 +26,57 @@ def collect_demos(env_name: str, episodes: int, root: str, seed: int = 0, dt: fl
     expert = EXPERTS[name]
     fps = int(round(1.0 / dt))
     features = dataset_features(env.state_names, ACTION_NAMES, image_size)
-    kept, tried = 0, 0
+    kept, tried, frames = 0, 0, 0
+    sim_s = write_s = 0.0  # where the time goes: physics + expert (+ render), dataset writes
+    start = time.perf_counter()
     with EpisodeRecorder(root, fps, features) as rec, \
             tqdm(total=episodes, desc=f"demos {name}", unit="ep") as bar:
+        setup_s = time.perf_counter() - start  # LeRobot import + dataset creation
         while kept < episodes:
+            t0 = time.perf_counter()
             obs, _ = env.reset(seed=seed + tried)
+            sim_s += time.perf_counter() - t0
             tried += 1
             done = False
             while not done:
+                t1 = time.perf_counter()
                 action = expert(obs["state"])
                 nxt, reward, term, trunc, info = env.step(action)
+                t2 = time.perf_counter()
+                sim_s += t2 - t1
                 done = term or trunc
                 images = {IMAGE_KEY.rsplit(".", 1)[1]: obs["image"]} if image_size else None
                 rec.add_frame(obs["state"], action, reward, done, info["is_success"],
                               env.instruction, images)
+                write_s += time.perf_counter() - t2
                 obs = nxt
+                frames += 1
+            t3 = time.perf_counter()
             if info["is_success"] or not only_success:
                 rec.save_episode()
                 kept += 1
                 bar.update(1)
             else:
                 rec.discard_episode()
-    return {"episodes": kept, "attempts": tried, "root": root}
+            write_s += time.perf_counter() - t3
+    total = time.perf_counter() - start
+    render_s = float(getattr(env.unwrapped, "render_s", 0.0))
+    timing = {"frames": frames, "fps": frames / total if total else 0.0, "total_s": total,
+              "render_s": render_s, "physics_expert_s": max(sim_s - render_s, 0.0), "write_s": write_s,
+              "setup_s": setup_s, "finalize_s": total - setup_s - sim_s - write_s}
+    return {"episodes": kept, "attempts": tried, "root": root, "timing": timing}
+
+
+def describe_timing(timing: dict) -> str:
+    """One line: frames per second and the share of each phase."""
+    total = timing["total_s"] or 1.0
+    parts = {"render": timing["render_s"], "physics + expert": timing["physics_expert_s"],
+             "dataset write (frames, save, encode)": timing["write_s"],
+             "setup (LeRobot import, dataset creation)": timing["setup_s"], "finalise": timing["finalize_s"]}
+    top = max(parts, key=parts.get)
+    shares = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in parts.items())
+    return f"{timing['frames']} frames at {timing['fps']:.1f} fps; {shares}; {top} dominates"
+
 
 
 def load_chunk_dataset(root: str, chunk_size: int, repo_id: str = "arli/local") -> dict:

@@ -78,3 +78,16 @@ def test_bad_frame_is_a_clear_error(tmp_path):
     with EpisodeRecorder(tmp_path / "bad", 20, features) as rec:
         with pytest.raises(ValueError, match="observation.state"):
             rec.add_frame(np.zeros(3), np.zeros(5), 0.0, False, False, "x")
+
+
+def test_collect_demos_with_images_says_where_the_time_goes(tmp_path):
+    from arli.demos import collect_demos, describe_timing  # noqa: PLC0415
+
+    out = collect_demos("pick_cube", 1, str(tmp_path / "img"), image_size=32)
+    timing = out["timing"]
+    assert timing["frames"] > 10 and timing["fps"] > 0
+    assert timing["render_s"] > 0 and timing["write_s"] > 0 and timing["physics_expert_s"] > 0
+    parts = timing["render_s"] + timing["physics_expert_s"] + timing["write_s"] + timing["setup_s"]
+    assert parts <= timing["total_s"] * 1.01
+    line = describe_timing(timing)
+    assert "fps" in line and "dominates" in line and "render" in line

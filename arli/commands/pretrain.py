@@ -7,13 +7,14 @@ import os
 import time
 
 from arli.config import CollectDemosConfig, PretrainConfig
-from arli.demos import collect_demos, load_chunk_dataset
+from arli.demos import collect_demos, describe_timing, load_chunk_dataset
 from arli.pretrain import build_policy, make_evaluator, train_flow
 
 
 def collect_main(cfg: CollectDemosConfig) -> int:
     out = collect_demos(cfg.env.name, cfg.episodes, cfg.root, cfg.seed, cfg.env.dt, cfg.env.image_size)
     print(f"recorded {out['episodes']} successful episodes ({out['attempts']} attempts) -> {cfg.root}")
+    print(describe_timing(out["timing"]))
     return 0
 
 
