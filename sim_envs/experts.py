@@ -107,10 +107,40 @@ def peg_insert_expert(state: np.ndarray) -> np.ndarray:
     return _action(_move(ee, grasp_point, vel), 0.0, CLOSE)
 
 
+def robosuite_lift_expert(state: np.ndarray) -> np.ndarray:
+    """``pick_cube``'s phases for robosuite's Lift (same state layout), with the motion of a
+    position controller: robosuite's OSC hand covers a fraction of each commanded step, so
+    the pick expert's speed ramp (bounded by the measured hand speed) never gets it moving.
+    Here each step commands the whole remaining distance, clipped; the lagging hand makes
+    the approach smooth. A grasp counts from a 6.2 cm finger gap: robosuite's cube is 4-4.4 cm
+    and the fingers close on it slightly rotated."""
+    ee, width = state[0:3], state[5]
+    cube = state[9:12]
+    yaw = _yaw_action(state[3], state[4], np.arctan2(state[12], state[13]) / 4.0)
+    rel = cube - ee
+
+    def toward(target: np.ndarray) -> np.ndarray:
+        return np.clip((target - ee) / _LIM.max_step_pos, -1.0, 1.0)
+
+    if width < 0.062 and np.linalg.norm(rel) < 0.03:  # holding it: lift
+        return _action(toward(np.array([ee[0], ee[1], 0.2])), 0.0, CLOSE)
+    if np.linalg.norm(rel[:2]) > 0.01:
+        hover = np.array([cube[0], cube[1], max(ee[2], cube[2] + 0.05)])
+        if np.linalg.norm(rel[:2]) > 0.03:
+            hover[2] = cube[2] + 0.08
+        return _action(toward(hover), yaw, OPEN)
+    if ee[2] - cube[2] > 0.006:
+        if width < 0.07:  # fingers still closing from a failed grasp: open first
+            return _action(np.zeros(3), yaw, OPEN)
+        return _action(toward(cube), yaw, OPEN)
+    return _action(toward(cube), 0.0, CLOSE)
+
+
 EXPERTS: dict[str, ScriptedExpert] = {
     "pick_cube": pick_cube_expert,
     "peg_insert": peg_insert_expert,
     "peg_insert_dynamic": peg_insert_expert,
+    "robosuite_lift": robosuite_lift_expert,
 }
 
 
@@ -128,6 +158,7 @@ LAYOUTS = {
     "pick_cube": _Layout(slice(9, 12), 0.04, rel_to_ee=slice(14, 17)),
     "peg_insert": _Layout(slice(9, 12), 0.03, rel_to_fixed=(slice(17, 20), slice(14, 17))),
     "peg_insert_dynamic": _Layout(slice(9, 12), 0.03, rel_to_fixed=(slice(17, 20), slice(14, 17))),
+    "robosuite_lift": _Layout(slice(9, 12), 0.04, rel_to_ee=slice(14, 17)),  # pick_cube's layout
 }
 
 
