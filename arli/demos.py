@@ -10,10 +10,11 @@ from tqdm import tqdm
 from arli.errors import InputError
 from arli.record import EpisodeRecorder, dataset_features
 from sim_envs import make_env, task_name
-from sim_envs.base import ACTION_NAMES
+from sim_envs.base import ACTION_NAMES, PROPRIO_DIM
 from sim_envs.experts import EXPERTS
 
 IMAGE_KEY = "observation.images.front"
+ENV_KEY = "observation.environment_state"
 
 
 def collect_demos(env_name: str, episodes: int, root: str, seed: int = 0, dt: float = 0.05,
@@ -25,7 +26,7 @@ def collect_demos(env_name: str, episodes: int, root: str, seed: int = 0, dt: fl
     env = make_env(name, dt=dt, image_size=image_size)
     expert = EXPERTS[name]
     fps = int(round(1.0 / dt))
-    features = dataset_features(env.state_names, ACTION_NAMES, image_size)
+    features = dataset_features(env.state_names, ACTION_NAMES, image_size, proprio_dim=PROPRIO_DIM)
     kept, tried, frames = 0, 0, 0
     sim_s = write_s = 0.0  # where the time goes: physics + expert (+ render), dataset writes
     start = time.perf_counter()
@@ -94,6 +95,14 @@ def load_chunk_dataset(root: str, chunk_size: int, repo_id: str = "arli/local") 
         raise InputError(f"dataset {root} lacks feature(s) {missing}; it has {sorted(ds.features)}")
     table = ds.hf_dataset.with_format("numpy")
     state = np.asarray(table["observation.state"], np.float32)
+    names = list(ds.meta.features["observation.state"]["names"] or [])
+    if ENV_KEY in ds.features:  # LeRobot layout: the policy sees proprioception + object state
+        state = np.concatenate([state, np.asarray(table[ENV_KEY], np.float32)], axis=1)
+        names += list(ds.meta.features[ENV_KEY]["names"] or [])
+    elif state.shape[1] > PROPRIO_DIM and {"next.done", "next.success"} <= set(ds.features):
+        raise InputError(f"dataset {root} has the object state inside observation.state (written by an older "
+                         f"ARLI; LeRobot's ACT / Diffusion cannot train on it): re-collect it with "
+                         f"`arli collect-demos env=<task> root={root}_v2` and point dataset_root there")
     action = np.asarray(table["action"], np.float32)
     episode = np.asarray(table["episode_index"]).astype(np.int64)
     N, m = action.shape
@@ -109,7 +118,6 @@ def load_chunk_dataset(root: str, chunk_size: int, repo_id: str = "arli/local") 
     images = None
     if IMAGE_KEY in ds.features:  # (N, S, S, 3) uint8, for the policy's CNN
         images = np.stack([np.asarray(img, dtype=np.uint8) for img in table[IMAGE_KEY]])
-    names = ds.meta.features["observation.state"]["names"]
     task = ds.meta.tasks.index[0] if len(ds.meta.tasks) else ""
     return {"state": state, "chunks": chunks, "episode_index": episode, "task": str(task),
-            "fps": ds.fps, "state_names": list(names or []), "images": images}
+            "fps": ds.fps, "state_names": names, "images": images}

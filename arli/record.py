@@ -34,16 +34,25 @@ META_BACKUP = ".arli_meta_backup"
 
 
 def dataset_features(state_names: Sequence[str], action_names: Sequence[str],
-                     image_size: int = 0, image_keys: Sequence[str] = ("front",)) -> dict:
-    """LeRobot feature spec for our tasks (state, action, reward, done, optional images)."""
+                     image_size: int = 0, image_keys: Sequence[str] = ("front",),
+                     proprio_dim: int | None = None) -> dict:
+    """LeRobot feature spec for our tasks (state, action, reward, done, optional images).
+
+    With ``proprio_dim``, LeRobot's layout: the first ``proprio_dim`` state entries
+    (proprioception) are ``observation.state``, the object / task state after them
+    ``observation.environment_state`` (what LeRobot's ACT and Diffusion read as such).
+    """
+    p = len(state_names) if proprio_dim is None else proprio_dim
     features: dict = {
-        "observation.state": {"dtype": "float32", "shape": (len(state_names),),
-                              "names": list(state_names)},
+        "observation.state": {"dtype": "float32", "shape": (p,), "names": list(state_names[:p])},
         "action": {"dtype": "float32", "shape": (len(action_names),), "names": list(action_names)},
         "next.reward": {"dtype": "float32", "shape": (1,), "names": None},
         "next.done": {"dtype": "bool", "shape": (1,), "names": None},
         "next.success": {"dtype": "bool", "shape": (1,), "names": None},
     }
+    if p < len(state_names):
+        features["observation.environment_state"] = {
+            "dtype": "float32", "shape": (len(state_names) - p,), "names": list(state_names[p:])}
     for key in image_keys if image_size else ():
         features[f"observation.images.{key}"] = {
             "dtype": "image", "shape": (image_size, image_size, 3),
@@ -129,8 +138,14 @@ class EpisodeRecorder:
                   extra: dict[str, np.ndarray] | None = None) -> None:
         """One control step: observation before the action, the action, its outcome;
         ``extra``: more features of the spec (feature key -> value)."""
+        state = np.asarray(state, np.float32)
+        env = self.features.get("observation.environment_state")
+        p = self.features["observation.state"]["shape"][0]
+        if env is not None and state.shape[0] == p + env["shape"][0]:  # the full state: split it
+            extra = {**(extra or {}), "observation.environment_state": state[p:]}
+            state = state[:p]
         frame = {
-            "observation.state": np.asarray(state, np.float32),
+            "observation.state": state,
             "action": np.asarray(action, np.float32),
             "next.reward": np.array([reward], np.float32),
             "next.done": np.array([done], bool),

@@ -21,9 +21,10 @@ def test_dataset_is_read_back_by_lerobots_loader(demo_root):
     ds = LeRobotDataset("arli/local", root=demo_root)
     assert ds.num_episodes == 3 and ds.fps == 20
     assert ds.meta.info["codebase_version"].startswith("v3")
-    for key in ("observation.state", "action", "next.reward", "next.done"):
+    for key in ("observation.state", "observation.environment_state", "action", "next.reward", "next.done"):
         assert key in ds.features
     assert ds.features["observation.state"]["names"][0] == "ee_x"
+    assert ds.features["observation.environment_state"]["names"][0] == "cube_x"
     frame = ds[0]
     assert frame["task"] == make_env("pick_cube").instruction
     assert frame["action"].shape == (5,)
@@ -34,7 +35,10 @@ def test_dataset_is_read_back_by_lerobots_loader(demo_root):
     for i in range(length):
         a = EXPERTS["pick_cube"](obs["state"])
         np.testing.assert_allclose(ds[i]["action"].numpy(), a, atol=1e-6)
-        np.testing.assert_allclose(ds[i]["observation.state"].numpy(), obs["state"], atol=1e-6)
+        # LeRobot's layout: proprioception, then the object / task state
+        full = np.concatenate([ds[i]["observation.state"].numpy(), ds[i]["observation.environment_state"].numpy()])
+        assert ds[i]["observation.state"].shape == (9,)
+        np.testing.assert_allclose(full, obs["state"], atol=1e-6)
         obs, *_ = env.step(a)
     assert bool(ds[length - 1]["next.done"]) and float(ds[length - 1]["next.reward"]) == 1.0
 
@@ -91,3 +95,17 @@ def test_collect_demos_with_images_says_where_the_time_goes(tmp_path):
     assert parts <= timing["total_s"] * 1.01
     line = describe_timing(timing)
     assert "fps" in line and "dominates" in line and "render" in line
+
+
+def test_demos_in_the_old_layout_are_refused_with_how_to_fix(tmp_path):
+    from arli.errors import InputError  # noqa: PLC0415
+
+    env = make_env("pick_cube")
+    old = dataset_features(env.state_names, ("dx", "dy", "dz", "dyaw", "grip"))  # object state in observation.state
+    with EpisodeRecorder(tmp_path / "old", 20, old) as rec:
+        obs, _ = env.reset(seed=0)
+        for t in range(5):
+            rec.add_frame(obs["state"], np.zeros(5, np.float32), 0.0, t == 4, False, env.instruction)
+        rec.save_episode()
+    with pytest.raises(InputError, match="arli collect-demos"):
+        load_chunk_dataset(str(tmp_path / "old"), chunk_size=8)

@@ -38,6 +38,7 @@ class LeRobotPolicyAdapter(BasePolicy):
         self.state_dim = int(feats[self.state_key].shape[0])
         self.image_keys = [k for k in feats if k.startswith("observation.image")]
         self.env_state = "observation.environment_state" in feats
+        self.env_dim = int(feats["observation.environment_state"].shape[0]) if self.env_state else 0
         self.action_dim = int(cfg.output_features["action"].shape[0])
         self.n_obs_steps = int(getattr(cfg, "n_obs_steps", 1) or 1)
         # actions per chunk the policy is meant to execute (LeRobot's n_action_steps)
@@ -63,11 +64,23 @@ class LeRobotPolicyAdapter(BasePolicy):
 
     def _batch(self, state: np.ndarray, image: np.ndarray | None) -> dict:
         state = np.asarray(state, np.float32)
-        if state.shape != (self.state_dim,):
-            raise ValueError(f"observation.state must have shape ({self.state_dim},), got {state.shape}")
-        batch = {self.state_key: torch.as_tensor(state)[None], "task": self.task}
-        if self.env_state:  # ACT without cameras reads the task state as environment state
-            batch["observation.environment_state"] = batch[self.state_key]
+        if self.env_state and state.shape == (self.state_dim + self.env_dim,):
+            # trained on our datasets: proprioception in observation.state, the object and
+            # task state in observation.environment_state; the runtime gives both, concatenated
+            batch = {self.state_key: torch.as_tensor(state[: self.state_dim])[None],
+                     "observation.environment_state": torch.as_tensor(state[self.state_dim:])[None],
+                     "task": self.task}
+        elif state.shape == (self.state_dim,):
+            batch = {self.state_key: torch.as_tensor(state)[None], "task": self.task}
+            if self.env_state:  # a policy whose environment state is a copy of its state
+                if self.env_dim != self.state_dim:
+                    raise ValueError(f"policy wants observation.environment_state ({self.env_dim},) and the "
+                                     f"observation has only a ({self.state_dim},) state")
+                batch["observation.environment_state"] = batch[self.state_key]
+        else:
+            want = f"({self.state_dim},)" + (f" or ({self.state_dim + self.env_dim},) = state + environment "
+                                              "state" if self.env_state else "")
+            raise ValueError(f"observation.state must have shape {want}, got {state.shape}")
         for key in self.image_keys:
             if image is None:
                 raise ValueError(f"policy needs image feature {key!r}; the observation has none")
