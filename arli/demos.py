@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -89,7 +90,13 @@ def load_chunk_dataset(root: str, chunk_size: int, repo_id: str = "arli/local") 
     """
     from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: PLC0415
 
-    ds = LeRobotDataset(repo_id, root=root)
+    if not os.path.isfile(os.path.join(root, "meta", "info.json")):
+        raise InputError(f"dataset_root: {root} is not a LeRobotDataset (no meta/info.json); collect demos "
+                         f"there with `arli collect-demos root={root}` or point to an existing dataset")
+    try:
+        ds = LeRobotDataset(repo_id, root=root)
+    except Exception as exc:  # noqa: BLE001  (LeRobot raises many kinds for a broken dataset)
+        raise InputError(f"dataset_root: cannot read {root}: {exc}") from None
     missing = [k for k in ("observation.state", "action", "episode_index") if k not in ds.features]
     if missing:
         raise InputError(f"dataset {root} lacks feature(s) {missing}; it has {sorted(ds.features)}")

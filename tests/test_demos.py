@@ -109,3 +109,9 @@ def test_demos_in_the_old_layout_are_refused_with_how_to_fix(tmp_path):
         rec.save_episode()
     with pytest.raises(InputError, match="arli collect-demos"):
         load_chunk_dataset(str(tmp_path / "old"), chunk_size=8)
+    (tmp_path / "junk" / "meta").mkdir(parents=True)
+    (tmp_path / "junk" / "meta" / "info.json").write_text("{not json")
+    with pytest.raises(InputError, match="cannot read"):
+        load_chunk_dataset(str(tmp_path / "junk"), chunk_size=8)
+    with pytest.raises(InputError, match="not a LeRobotDataset"):
+        load_chunk_dataset(str(tmp_path / "nothing"), chunk_size=8)

@@ -43,6 +43,12 @@ def test_pretrain_then_bench_base(tmp_path):
     assert [t["delay_steps"] for t in last["traces"]] == [0, 4]
     for t in last["traces"]:
         assert t["episodes"] == 2 and t["expert_gap"] >= 0 and t["obs_age"] >= t["delay_steps"]
+    # a checkpoint of another task: one clear line, nothing written
+    wrong = subprocess.run([sys.executable, "-m", "arli.cli", "bench", "base", "env=peg_insert", f"checkpoint={ckpt}",
+                            f"report_dir={tmp_path / 'wrong'}"], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert wrong.returncode == 2 and "takes a 17-d state" in wrong.stderr and "20-d" in wrong.stderr
+    assert len(wrong.stderr.strip().splitlines()) == 1 and not (tmp_path / "wrong").exists()
     assert "Why it fails" in (rep / "base_pick_cube.md").read_text()
 
 

@@ -94,7 +94,7 @@ def main(cfg: BenchBaseConfig) -> int:
     ensure_base_policy(cfg.checkpoint, cfg.pretrain, cfg.env)
     env = make_env(cfg.env.name, dt=cfg.env.dt)
     policy = load_base_policy(cfg.checkpoint, env.unwrapped.instruction, cfg.env.name,
-                              cfg.pretrain.policy.chunk_size)
+                              cfg.pretrain.policy.chunk_size, state_dim=env.observation_space["state"].shape[0])
     latencies = [FixedLatency(d * cfg.env.dt) for d in cfg.delay_steps]
     cells, skipped = sweep(env, policy, list(cfg.strategies), latencies, cfg.episodes, cfg.seed,
                            cfg.execute_horizon, cfg.blend_steps, "bench base")

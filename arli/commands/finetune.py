@@ -50,7 +50,7 @@ def make_finetuner(cfg: FinetuneConfig, image_size: int = 0):
     ensure_base_policy(cfg.checkpoint, cfg.pretrain, cfg.env)
     env = make_env(name, dt=cfg.env.dt, max_episode_steps=cfg.env.max_episode_steps, image_size=image_size)
     base = load_base_policy(cfg.checkpoint, env.unwrapped.instruction, name,
-                            cfg.pretrain.policy.chunk_size)
+                            cfg.pretrain.policy.chunk_size, state_dim=env.observation_space["state"].shape[0])
     latency = (FixedLatency(cfg.delay_steps * cfg.env.dt) if cfg.delay_steps is not None
                else latency_from_config(cfg.latency))
     delay = to_delay_steps(latency.max_latency(), cfg.env.dt)

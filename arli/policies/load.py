@@ -8,11 +8,34 @@ import os
 EXPERT = "expert"  # the scripted expert's open-loop chunks (no checkpoint needed)
 
 
-def load_base_policy(path: str, task: str = "", env_name: str = "", chunk_size: int = 16):
+def load_base_policy(path: str, task: str = "", env_name: str = "", chunk_size: int = 16,
+                     state_dim: int | None = None):
     """``expert``, a built-in flow checkpoint, or any LeRobot policy directory -> BasePolicy.
 
     task: language instruction for LeRobot VLAs; env_name, chunk_size: for ``expert``.
+    state_dim: the task's state size; a checkpoint trained for another is refused (InputError).
     """
+    policy = _load(path, task, env_name, chunk_size)
+    if state_dim is not None and path != EXPERT:
+        takes = _state_sizes(policy)
+        if takes and state_dim not in takes:
+            from arli.errors import InputError  # noqa: PLC0415
+
+            trained = getattr(getattr(policy, "cfg", None), "instruction", "") or "another task"
+            raise InputError(f"checkpoint: {path} takes a {' or '.join(map(str, sorted(takes)))}-d state "
+                             f"(trained for: {trained!r}); env {env_name or '?'} has a {state_dim}-d state: pass "
+                             f"that task's checkpoint (checkpoints/base_{env_name}) or pretrain one")
+    return policy
+
+
+def _state_sizes(policy) -> set[int]:
+    cfg = getattr(policy, "cfg", None)
+    if hasattr(policy, "env_dim"):  # LeRobot: its state alone, or state + environment state
+        return {policy.state_dim, policy.state_dim + policy.env_dim} if policy.env_dim else {policy.state_dim}
+    return {int(cfg.state_dim)} if cfg is not None and hasattr(cfg, "state_dim") else set()
+
+
+def _load(path: str, task: str, env_name: str, chunk_size: int):
     if path == EXPERT:
         from sim_envs import task_name  # noqa: PLC0415
         from arli.policies.expert import ExpertChunkPolicy  # noqa: PLC0415
