@@ -146,5 +146,8 @@ def _real_robot_finetuner(cfg, name: str):
 
     env = ProprioOnly(make_env(name, dt=cfg.env.dt, max_episode_steps=cfg.env.max_episode_steps))
     base = ServedElsewhere(cfg.chunk_size, env.action_space.shape[0])
-    delay = cfg.delay_steps if cfg.delay_steps is not None else 4
-    return Finetuner(cfg, env, base, None, FixedLatency(delay * cfg.env.dt)), name, delay
+    # the scheduler's planned delay, from the same latency settings as a sim run
+    latency = (FixedLatency(cfg.delay_steps * cfg.env.dt) if cfg.delay_steps is not None
+               else latency_from_config(cfg.latency))
+    delay = to_delay_steps(latency.max_latency(), cfg.env.dt)
+    return Finetuner(cfg, env, base, None, latency), name, delay

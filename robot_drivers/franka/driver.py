@@ -151,7 +151,7 @@ class FrankaDriver(RobotDriver):
         self._with_recovery("homing", home)
         pose = self.robot.current_cartesian_state.pose.end_effector_pose
         self._home_rot = Rotation.from_quat(np.asarray(pose.quaternion)).as_matrix()
-        self._set_gripper(False)
+        self._with_recovery("opening the gripper", lambda: self._set_gripper(False))
         self.integrator.reset(np.asarray(pose.translation), 0.0)
         self._step, self._outcome = 0, None
         return self.observe()
@@ -182,7 +182,8 @@ class FrankaDriver(RobotDriver):
             self.robot.current_cartesian_state.pose.end_effector_pose.translation))
         target = self.integrator.step(action, ee)
         self._with_recovery("streaming a target", lambda: self._send(target))
-        self._set_gripper(target.close_gripper)
+        # gripper faults go through the same recovery as the arm's (not a raw franky error)
+        self._with_recovery("commanding the gripper", lambda: self._set_gripper(target.close_gripper))
         self._step += 1
         obs = self.observe()
         success = bool(self._outcome)
