@@ -11,10 +11,10 @@ ARGS = ["env=pick_cube", "checkpoint=expert", "budget=150", "seeds=[0,1]", "dela
         "run.learner.batch_size=32", "run.learner.critic_warmup_updates=10", "run.learner.pretrain_updates=10"]
 
 
-def _sweep(tmp_path, *extra):
+def _sweep(tmp_path, *extra, cache="cells.jsonl"):
     proc = subprocess.run(
         [sys.executable, "-m", "arli.cli", "bench", "latency-sweep", *ARGS,
-         f"cache={tmp_path / 'cells.jsonl'}", f"report_dir={tmp_path / 'reports'}", *extra],
+         f"cache={tmp_path / cache}", f"report_dir={tmp_path / 'reports'}", *extra],
         capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -46,6 +46,18 @@ def test_latency_sweep_cells_cache_and_report(tmp_path):
     again = _sweep(tmp_path)
     assert again["cells"] == out["cells"]
     assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 10
+    # each row lists the source files its cell ran: the residual cells ran the learner, the
+    # base-policy cells did not need it; a row whose learner file changed is stale
+    by_variant = {r["variant"]: r for r in rows}
+    assert "arli/rl/learner.py" in by_variant["arli"]["sources"]
+    assert "arli/finetune.py" in by_variant["arli"]["sources"]
+    assert not any(f.startswith(("arli/bench/", "arli/commands/", ".venv")) for f in by_variant["arli"]["sources"])
+    edited = [{**r, "sources": {**r["sources"], "arli/rl/learner.py": "0" * 16}}
+              if r["variant"] == "arli" else r for r in rows]
+    (tmp_path / "stale.jsonl").write_text("".join(json.dumps(r) + "\n" for r in edited))
+    stale = _sweep(tmp_path, "report_only=true", cache="stale.jsonl")
+    assert ("arli", 4) not in {(c["variant"], c["delay_steps"]) for c in stale["cells"]}
+    assert ("bc_control", 4) in {(c["variant"], c["delay_steps"]) for c in stale["cells"]}
     # a changed learner recipe invalidates the residual cells, not the base-policy ones
     changed = _sweep(tmp_path, "run.learner.anchor_weight=7.0", "report_only=true")
     assert {(c["variant"], c["delay_steps"]) for c in changed["cells"]} == {("base_naive", 4)}

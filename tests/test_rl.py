@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from arli.policies.residual import EnsembleCritic, ResidualActor, compose_action
+from arli.policies.residual import EnsembleCritic, ResidualActing, ResidualActor, compose_action
 from arli.rl.collect import Intervention
 from arli.rl.config import InterventionSpec, LearnerConfig
 from arli.rl.learner import LearnerDiverged, ResidualLearner
@@ -79,6 +79,31 @@ def test_zero_initial_residual():
     assert torch.all(actor(s) == 0)
     base = torch.rand(32, M) * 2 - 1
     torch.testing.assert_close(compose_action(base, actor(s), 0.3), base)
+
+
+def test_numpy_acting_matches_the_torch_actor():
+    """The robot's numpy residual (runtime) computes what the learner's torch actor does."""
+    torch.manual_seed(0)
+    actor = ResidualActor(D, M, 32)
+    torch.nn.init.normal_(actor.net[-1].weight, std=0.5)  # a trained, non-zero residual
+    arrays = {k: v.detach().numpy() for k, v in actor.state_dict().items()}
+    cfg = LearnerConfig(residual_scale=0.3, exploration_std=0.2)
+    acting = ResidualActing(cfg, arrays, M, seed=0)
+    states = torch.randn(64, D)
+    base = (torch.rand(64, M) * 2 - 1).numpy()
+    expected = compose_action(base, actor(states).detach().numpy(), 0.3)
+    got = np.stack([acting.act(s.numpy(), b, explore=False) for s, b in zip(states, base)])
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    # exploring: noise of the configured std on r (before scaling), actions stay in [-1, 1]
+    zero = ResidualActing(cfg, {**arrays, "net.5.weight": 0 * arrays["net.5.weight"],
+                                "net.5.bias": 0 * arrays["net.5.bias"]}, M, seed=1)  # r(s) = 0
+    s0, b0 = states[0].numpy(), np.zeros(M, np.float32)
+    noisy = np.stack([zero.act(s0, b0, explore=True) for _ in range(2 * ResidualActing.NOISE_BLOCK + 7)])
+    assert np.all(np.abs(noisy) <= 0.3 + 1e-6)
+    assert abs((noisy / 0.3).std() - 0.2) < 0.02 and abs((noisy / 0.3).mean()) < 0.02
+    assert len({tuple(row) for row in noisy.round(6)}) == len(noisy)  # fresh noise each step, across blocks
+    edge = zero.act(s0, np.ones(M, np.float32), explore=True)
+    assert np.all(edge <= 1.0)
 
 
 def test_compose_clips_to_the_action_range():

@@ -7,7 +7,10 @@ same anchor data (``bc_control``: the same learner with the critic's influence o
 ``anchor_only``: the anchor-pretrained start, no online step) and environment steps to 80%.
 Every variant uses the same evaluation code, seeds, episode count, regime and step budget.
 Cells run in worker processes and are cached as they finish (``cache``), so an interrupted
-sweep resumes where it stopped.
+sweep resumes where it stopped. A cached cell stays valid while its settings and the
+checkpoint's content are the same and every repository source file the cell actually ran
+(recorded per row) is unchanged: editing the transport or the Franka driver keeps a
+sweep's cells, editing the learner invalidates them.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import hashlib
 import inspect
 import json
 import os
+import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, replace
 
@@ -63,7 +67,8 @@ def run_cell(cfg_dict: dict, variant: str, delay: int, seed: int) -> dict:
     if variant in BASE_VARIANTS:
         out = evaluate_policy(env, base, BASE_VARIANTS[variant], latency, episodes, eval_seed(seed),
                               cfg_dict["run"]["execute_horizon"])
-        return {**cell, "success": out["success"], "steps_to_80": 0 if out["success"] >= 0.8 else None}
+        return {**cell, "success": out["success"], "steps_to_80": 0 if out["success"] >= 0.8 else None,
+                "sources": loaded_sources()}
     run = dict(cfg_dict["run"])
     spec = RunSpec(**{**run, "learner": LearnerConfig(**run.pop("learner")),
                       "intervention": InterventionSpec(**run.pop("intervention"))})
@@ -80,7 +85,7 @@ def run_cell(cfg_dict: dict, variant: str, delay: int, seed: int) -> dict:
         ft.train(progress=False)
     success = ft.evaluate(episodes, seed=eval_seed(seed))["success"]
     reached = next((h["env_steps"] for h in ft.history if h["success"] >= 0.8), None)
-    return {**cell, "success": success, "steps_to_80": reached, "curve": ft.history}
+    return {**cell, "success": success, "steps_to_80": reached, "curve": ft.history, "sources": loaded_sources()}
 
 
 def plan(cfg: LatencySweepConfig) -> list[tuple[str, int, int]]:
@@ -108,8 +113,9 @@ def _ideal_is_standard_d0(cfg: LatencySweepConfig) -> bool:
 def fingerprint(cfg_dict: dict, variant: str) -> str:
     """Hash of every setting a cell's result depends on: a changed learner recipe, base
     checkpoint, budget or evaluation invalidates the cached cells it affects (and only those:
-    base-policy cells ignore the residual learner's settings)."""
-    keys = {"env": cfg_dict["env"], "checkpoint": cfg_dict["checkpoint_digest"], "code": cfg_dict["code"],
+    base-policy cells ignore the residual learner's settings). The code a cell ran is
+    checked file by file (``sources``), not here."""
+    keys = {"env": cfg_dict["env"], "checkpoint": cfg_dict["checkpoint_digest"], "cell": cfg_dict["cell_code"],
             "eval_episodes": cfg_dict["eval_episodes"], "chunk_size": cfg_dict["chunk_size"],
             "execute_horizon": cfg_dict["run"]["execute_horizon"]}
     if variant not in BASE_VARIANTS:
@@ -118,13 +124,14 @@ def fingerprint(cfg_dict: dict, variant: str) -> str:
 
 
 def load_cache(path: str, cfg_dict: dict) -> dict[tuple, dict]:
-    """Cached cells whose fingerprint matches the current settings."""
+    """Cached cells whose settings match and every source file they ran is unchanged."""
     done = {}
     if os.path.exists(path):
         with open(path, encoding="utf-8") as fh:
             for line in fh:
                 row = json.loads(line)
-                if row.get("fingerprint") == fingerprint(cfg_dict, row["variant"]):
+                if (row.get("fingerprint") == fingerprint(cfg_dict, row["variant"])
+                        and sources_unchanged(row.get("sources"))):
                     done[(row["variant"], row["delay_steps"], row["seed"])] = row
     return done
 
@@ -220,30 +227,45 @@ def checkpoint_digest(path: str) -> str:
     return h.hexdigest()[:12]
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CODE_PACKAGES = ("arli/", "sim_envs/", "robot_drivers/")
 REPORT_ONLY_SOURCES = ("arli/cli.py", "arli/commands/", "arli/bench/")  # cannot change a cell's result
 
 
-def code_version() -> str:
-    """Hash of the sources a cell's result depends on: arli/ and sim_envs/ minus the CLI and
-    the benchmarks' report code, plus the source of ``run_cell`` itself (so editing how a
-    report is written keeps the cache, and editing how a cell runs invalidates it)."""
-    h = hashlib.sha1(inspect.getsource(run_cell).encode())
-    top = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    for pkg in ("arli", "sim_envs"):
-        for root, _, files in sorted(os.walk(os.path.join(top, pkg))):
-            for name in sorted(f for f in files if f.endswith(".py")):
-                rel = os.path.relpath(os.path.join(root, name), top).replace(os.sep, "/")
-                if rel.startswith(REPORT_ONLY_SOURCES):
-                    continue
-                with open(os.path.join(root, name), "rb") as fh:
-                    h.update(rel.encode() + fh.read())
-    return h.hexdigest()[:12]
+def _file_digest(rel: str) -> str | None:
+    try:
+        with open(os.path.join(REPO, rel), "rb") as fh:
+            return hashlib.sha1(fh.read()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
+def loaded_sources() -> dict[str, str]:
+    """{repo-relative path: content digest} of every repository module this process has
+    imported (minus the CLI and report code): after a cell ran, exactly the code its result
+    can depend on (a worker's earlier cells can only add files, never hide one)."""
+    out = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not path or not os.path.abspath(path).startswith(REPO + os.sep):
+            continue
+        rel = os.path.relpath(os.path.abspath(path), REPO).replace(os.sep, "/")
+        if rel.startswith(CODE_PACKAGES) and not rel.startswith(REPORT_ONLY_SOURCES):
+            out[rel] = _file_digest(rel)
+    return dict(sorted(out.items()))
+
+
+def sources_unchanged(sources: dict[str, str] | None) -> bool:
+    """True when every file a cached cell ran still has the content it had (a row without
+    the list, from an older sweep, is stale)."""
+    return bool(sources) and all(_file_digest(rel) == digest for rel, digest in sources.items())
 
 
 def main(cfg: LatencySweepConfig) -> int:
     ensure_base_policy(cfg.checkpoint, cfg.pretrain, cfg.env)
     cfg_dict = {"env": asdict(cfg.env), "checkpoint": cfg.checkpoint, "eval_episodes": cfg.eval_episodes,
-                "checkpoint_digest": checkpoint_digest(cfg.checkpoint), "code": code_version(),
+                "checkpoint_digest": checkpoint_digest(cfg.checkpoint),
+                "cell_code": hashlib.sha1(inspect.getsource(run_cell).encode()).hexdigest()[:12],
                 "regime": cfg.run.regime,
                 "budget": cfg.budget, "run": asdict(cfg.run), "chunk_size": cfg.pretrain.policy.chunk_size,
                 "threads_per_worker": max(1, (os.cpu_count() or 2) // cfg.workers)}

@@ -94,7 +94,7 @@ def main(cfg: BenchRuntimeConfig) -> int:
         with tqdm(total=cfg.steps, desc=f"runtime @ {1 / driver.dt:.0f} Hz", unit="step", mininterval=1.0) as bar:
             while len(clock.errors) < cfg.steps:  # episodes until the step budget is spent
                 result = run_episode(driver, inference, scheduler, clock, seed, ctl)
-                requests, seed = requests + requests, seed + 1
+                requests, seed = requests + result.requests, seed + 1
                 bar.update(result.steps)
     finally:
         link.close()

@@ -137,19 +137,44 @@ class NumpyResidualActor:
 
 class ResidualActing:
     """What the robot needs of the learner to act: ``act(state, base, explore)`` with the
-    numpy actor, Gaussian exploration on r, a = clip(b + scale * r). ``cfg``: LearnerConfig."""
+    numpy actor, Gaussian exploration on r, a = clip(b + scale * r). ``cfg``: LearnerConfig.
+
+    Exploration noise is drawn in blocks by ``prepare()``, which the runtime calls before the
+    tick (``warm``), so a step's critical path holds no random-number generation; clipping
+    uses ufuncs with ``out=`` (``np.clip``'s Python wrapper costs more than the clip)."""
+
+    NOISE_BLOCK = 256  # steps of exploration noise drawn at once
 
     def __init__(self, cfg, arrays: dict[str, np.ndarray], action_dim: int, seed: int = 0):
         self.cfg, self.action_dim = cfg, action_dim
         self.actor = NumpyResidualActor(arrays)
         self.rng = np.random.default_rng(seed)
         self.updates = 0
+        self.scale = np.float32(cfg.residual_scale)
+        self._noise = np.empty((0, action_dim), np.float32)
+        self._next = 0
+
+    def prepare(self) -> None:
+        """Draw the next block of exploration noise (NOISE_BLOCK, m) if this one is spent."""
+        if self._next >= len(self._noise):
+            self._noise = np.float32(self.cfg.exploration_std) * self.rng.standard_normal(
+                (self.NOISE_BLOCK, self.action_dim), np.float32)
+            self._next = 0
 
     def act(self, state: np.ndarray, base: np.ndarray, explore: bool) -> np.ndarray:
+        """state (D,), base (m,) -> executed action (m,) in [-1, 1]."""
         r = self.actor(state)
         if explore:
-            r += np.float32(self.cfg.exploration_std) * self.rng.standard_normal(r.shape, np.float32)
-            np.clip(r, -1.0, 1.0, out=r)
-        r *= np.float32(self.cfg.residual_scale)
+            self.prepare()  # a no-op unless the runtime did not call it before the tick
+            r += self._noise[self._next]
+            self._next += 1
+            _clip_unit(r)
+        r *= self.scale
         r += base
-        return np.clip(r, -1.0, 1.0, out=r)
+        return _clip_unit(r)
+
+
+def _clip_unit(x: np.ndarray) -> np.ndarray:
+    """In-place clip of x to [-1, 1]."""
+    np.minimum(x, 1.0, out=x)
+    return np.maximum(x, -1.0, out=x)
