@@ -261,14 +261,19 @@ def sources_unchanged(sources: dict[str, str] | None) -> bool:
     return bool(sources) and all(_file_digest(rel) == digest for rel, digest in sources.items())
 
 
+def cell_settings(cfg: LatencySweepConfig) -> dict:
+    """What a worker needs to run a cell (plain data: it crosses the process boundary)."""
+    return {"env": asdict(cfg.env), "checkpoint": cfg.checkpoint, "eval_episodes": cfg.eval_episodes,
+            "checkpoint_digest": checkpoint_digest(cfg.checkpoint),
+            "cell_code": hashlib.sha1(inspect.getsource(run_cell).encode()).hexdigest()[:12],
+            "regime": cfg.run.regime,
+            "budget": cfg.budget, "run": asdict(cfg.run), "chunk_size": cfg.pretrain.policy.chunk_size,
+            "threads_per_worker": max(1, (os.cpu_count() or 2) // cfg.workers)}
+
+
 def main(cfg: LatencySweepConfig) -> int:
     ensure_base_policy(cfg.checkpoint, cfg.pretrain, cfg.env)
-    cfg_dict = {"env": asdict(cfg.env), "checkpoint": cfg.checkpoint, "eval_episodes": cfg.eval_episodes,
-                "checkpoint_digest": checkpoint_digest(cfg.checkpoint),
-                "cell_code": hashlib.sha1(inspect.getsource(run_cell).encode()).hexdigest()[:12],
-                "regime": cfg.run.regime,
-                "budget": cfg.budget, "run": asdict(cfg.run), "chunk_size": cfg.pretrain.policy.chunk_size,
-                "threads_per_worker": max(1, (os.cpu_count() or 2) // cfg.workers)}
+    cfg_dict = cell_settings(cfg)
     os.makedirs(os.path.dirname(cfg.cache) or ".", exist_ok=True)
     done = load_cache(cfg.cache, cfg_dict)
     todo = [] if cfg.report_only else [c for c in plan(cfg) if c not in done]
