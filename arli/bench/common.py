@@ -31,17 +31,40 @@ def print_last_line_json(payload: dict[str, Any]) -> None:
     print(json.dumps(payload), flush=True)
 
 
+def publish(report_dir: str, name: str, payload: dict[str, Any], md_lines: list[str], shown: slice,
+            summary: dict[str, Any] | None) -> int:
+    """Write the report, print its table (``md_lines[shown]``), then ``summary`` as the
+    last-line JSON when given (``--json``). Returns the command's exit code."""
+    write_report(report_dir, name, payload, "\n".join(md_lines))
+    print("\n".join(md_lines[shown]))
+    if summary is not None:
+        print_last_line_json(summary)
+    return 0
+
+
 @contextmanager
-def success_plot(path: str, title: str, xlabel: str, ylabel: str = "success rate",
-                 figsize: tuple[float, float] = (6, 4), legend_size: int | None = None) -> Iterator:
-    """Axes for a success-rate plot (y in [0, 1]); labels, legend and PNG written on exit."""
+def figure(path: str, figsize: tuple[float, float] = (6, 4), ncols: int = 1) -> Iterator:
+    """A matplotlib figure (headless Agg) whose PNG is written to ``path`` on exit; yields
+    its axes (one, or ``ncols`` side by side)."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    fig, ax = plt.subplots(figsize=figsize)
+    fig, axes = plt.subplots(1, ncols, figsize=figsize)
     try:
+        yield axes
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
+
+
+@contextmanager
+def success_plot(path: str, title: str, xlabel: str, ylabel: str = "success rate",
+                 figsize: tuple[float, float] = (6, 4), legend_size: int | None = None) -> Iterator:
+    """Axes for a success-rate plot (y in [0, 1]); labels, legend and PNG written on exit."""
+    with figure(path, figsize) as ax:
         yield ax
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
@@ -49,7 +72,3 @@ def success_plot(path: str, title: str, xlabel: str, ylabel: str = "success rate
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=legend_size, ncol=2 if legend_size else 1)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-    finally:
-        plt.close(fig)

@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-from arli.bench.common import machine_info, print_last_line_json, write_report
+from arli.bench.common import machine_info, publish, success_plot
 from arli.config import BenchInterventionsConfig
 
 
@@ -34,26 +34,13 @@ def windows(episodes: list[dict], size: int) -> list[dict]:
 
 
 def plot(win: list[dict], history: list[dict], path: str, title: str) -> None:
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([w["env_steps"] for w in win], [w["intervention_rate"] for w in win], marker=".",
-            label="intervention rate (share of steps the operator drove)")
-    ax.plot([w["env_steps"] for w in win], [w["assisted_share"] for w in win], ls="--", alpha=0.7,
-            label="episodes with an intervention")
-    ax.plot([h["env_steps"] for h in history], [h["success"] for h in history], marker="o",
-            label="eval success, residual alone")
-    ax.set_xlabel("online environment steps")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with success_plot(path, title, "online environment steps", "rate or share", (7, 4), legend_size=8) as ax:
+        ax.plot([w["env_steps"] for w in win], [w["intervention_rate"] for w in win], marker=".",
+                label="intervention rate (share of steps the operator drove)")
+        ax.plot([w["env_steps"] for w in win], [w["assisted_share"] for w in win], ls="--", alpha=0.7,
+                label="episodes with an intervention")
+        ax.plot([h["env_steps"] for h in history], [h["success"] for h in history], marker="o",
+                label="eval success, residual alone")
 
 
 def main(cfg: BenchInterventionsConfig) -> int:
@@ -110,8 +97,5 @@ def main(cfg: BenchInterventionsConfig) -> int:
     md += [f"| {w['env_steps']} | {w['intervention_rate']:.3f} | {w['assisted_share']:.2f} | {w['success']:.2f} |"
            for w in win]
     md += ["", f"Machine: {machine_info()}", ""]
-    write_report(cfg.report_dir, "interventions", payload, "\n".join(md))
-    print("\n".join(md[4:10]))
-    if cfg.json:
-        print_last_line_json({"first_third_rate": early, "last_third_rate": late, "falls": falling})
-    return 0
+    summary = {"first_third_rate": early, "last_third_rate": late, "falls": falling}
+    return publish(cfg.report_dir, "interventions", payload, md, slice(4, 10), summary if cfg.json else None)

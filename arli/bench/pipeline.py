@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from arli.bench.common import machine_info, print_last_line_json, write_report
+from arli.bench.common import figure, machine_info, publish
 from arli.config import BenchPipelineConfig
 
 
@@ -31,24 +31,16 @@ def _run(argv: list[str], log: str) -> None:
 
 
 def plot(latencies_ms: dict[str, np.ndarray], dt_ms: float, path: str) -> None:
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    fig, ax = plt.subplots(figsize=(7, 3.8))
-    for name, values in latencies_ms.items():
-        ax.hist(values, bins=60, alpha=0.6, label=f"{name} ({len(values)} requests)")
-    for k in range(3, 6):
-        ax.axvline(k * dt_ms, color="gray", ls=":", lw=1)
-    ax.set_xlabel("measured chunk latency: capture of o_t0 -> reply on the robot (ms); dotted: control ticks")
-    ax.set_ylabel("requests")
-    ax.set_yscale("log")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, (7, 3.8)) as ax:
+        for name, values in latencies_ms.items():
+            ax.hist(values, bins=60, alpha=0.6, label=f"{name} ({len(values)} requests)")
+        for k in range(3, 6):
+            ax.axvline(k * dt_ms, color="gray", ls=":", lw=1)
+        ax.set_xlabel("measured chunk latency: capture of o_t0 -> reply on the robot (ms); dotted: control ticks")
+        ax.set_ylabel("requests")
+        ax.set_yscale("log")
+        ax.legend()
+        ax.grid(alpha=0.3)
 
 
 def main(cfg: BenchPipelineConfig) -> int:
@@ -113,8 +105,5 @@ def main(cfg: BenchPipelineConfig) -> int:
            for k, v in train.items()]
     md += ["", "Residual step p99 here is with 4 processes sharing 2 cores (`arli bench runtime` measures it on a "
            "quiet machine).", "", f"Machine: {machine_info()}", ""]
-    write_report(cfg.report_dir, "pipeline", payload, "\n".join(md))
-    print("\n".join(md[4:10]))
-    if cfg.json:
-        print_last_line_json({k: payload[k] for k in ("inprocess_success", "pipeline_success", "within_noise")})
-    return 0
+    summary = {k: payload[k] for k in ("inprocess_success", "pipeline_success", "within_noise")}
+    return publish(cfg.report_dir, "pipeline", payload, md, slice(4, 10), summary if cfg.json else None)

@@ -17,7 +17,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from arli.bench.common import machine_info, print_last_line_json, write_report
+from arli.bench.common import figure, machine_info, publish
 from arli.bench.transport import _free_port
 from arli.config import BenchRuntimeConfig
 
@@ -38,23 +38,15 @@ def _server(port: int, cfg: BenchRuntimeConfig) -> subprocess.Popen:
 
 
 def histogram(errors_ms: np.ndarray, residual_ms: np.ndarray, path: str) -> None:
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-    axes[0].hist(errors_ms, bins=60, color="tab:blue")
-    axes[0].set_xlabel("control-loop timing error (ms)")
-    axes[1].hist(residual_ms, bins=60, color="tab:orange")
-    axes[1].set_xlabel("residual step latency (ms)")
-    for ax in axes:
-        ax.set_ylabel("steps")
-        ax.set_yscale("log")
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, (10, 3.5), ncols=2) as axes:
+        axes[0].hist(errors_ms, bins=60, color="tab:blue")
+        axes[0].set_xlabel("control-loop timing error (ms)")
+        axes[1].hist(residual_ms, bins=60, color="tab:orange")
+        axes[1].set_xlabel("residual step latency (ms)")
+        for ax in axes:
+            ax.set_ylabel("steps")
+            ax.set_yscale("log")
+            ax.grid(alpha=0.3)
 
 
 def main(cfg: BenchRuntimeConfig) -> int:
@@ -129,8 +121,4 @@ def main(cfg: BenchRuntimeConfig) -> int:
           "", f"Overruns (a step started more than one period late): {clock.overruns}; worst timing error "
           f"{payload['max_loop_error_ms']:.2f} ms.", "", "![histograms](runtime.png)", "",
           f"Machine: {machine_info()}", ""]
-    write_report(cfg.report_dir, "runtime", payload, "\n".join(md))
-    print("\n".join(md[4:8]))
-    if cfg.json:
-        print_last_line_json(out)
-    return 0
+    return publish(cfg.report_dir, "runtime", payload, md, slice(4, 8), out if cfg.json else None)

@@ -21,7 +21,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from arli.bench.common import machine_info, print_last_line_json, write_report
+from arli.bench.common import machine_info, publish
 from arli.config import BenchTransportConfig
 
 
@@ -163,8 +163,4 @@ def main(cfg: BenchTransportConfig) -> int:
           f"Ratio of p50 overheads (LeRobot / ours): **{result['ratio_p50']:.1f}x**.", "",
           "Targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in targets.items()), "",
           f"Machine: {machine_info()}", ""]
-    write_report(cfg.report_dir, "transport", payload, "\n".join(md))
-    print("\n".join(md[4:10]))
-    if cfg.json:
-        print_last_line_json(result)
-    return 0
+    return publish(cfg.report_dir, "transport", payload, md, slice(4, 10), result if cfg.json else None)
