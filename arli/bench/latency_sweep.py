@@ -240,19 +240,33 @@ def _file_digest(rel: str) -> str | None:
         return None
 
 
-def loaded_sources() -> dict[str, str]:
+_FIRST_SEEN: dict[str, str | None] = {}  # per process: a module's digest when it was first seen loaded
+
+
+def loaded_sources() -> dict[str, str | None]:
     """{repo-relative path: content digest} of every repository module this process has
     imported (minus the CLI and report code): after a cell ran, exactly the code its result
-    can depend on (a worker's earlier cells can only add files, never hide one)."""
-    out = {}
+    can depend on (a worker's earlier cells can only add files, never hide one). A file's
+    digest is the one it had when first seen in this process (``init_worker`` sees the
+    cell's modules before any cell runs), so an edit made while a sweep runs cannot be
+    credited to cells that ran the code from before it."""
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
         if not path or not os.path.abspath(path).startswith(REPO + os.sep):
             continue
         rel = os.path.relpath(os.path.abspath(path), REPO).replace(os.sep, "/")
-        if rel.startswith(CODE_PACKAGES) and not rel.startswith(REPORT_ONLY_SOURCES):
-            out[rel] = _file_digest(rel)
-    return dict(sorted(out.items()))
+        if rel.startswith(CODE_PACKAGES) and not rel.startswith(REPORT_ONLY_SOURCES) and rel not in _FIRST_SEEN:
+            _FIRST_SEEN[rel] = _file_digest(rel)
+    return dict(sorted(_FIRST_SEEN.items()))
+
+
+def init_worker() -> None:
+    """Pool initializer: import what cells run and note the files' digests right away."""
+    import arli.finetune  # noqa: F401, PLC0415
+    import arli.rollout  # noqa: F401, PLC0415
+    import sim_envs.experts  # noqa: F401, PLC0415
+
+    loaded_sources()
 
 
 def sources_unchanged(sources: dict[str, str] | None) -> bool:
@@ -279,7 +293,8 @@ def main(cfg: LatencySweepConfig) -> int:
     todo = [] if cfg.report_only else [c for c in plan(cfg) if c not in done]
     print(f"latency sweep: {len(done)} cells cached, {len(todo)} to run (budget {cfg.budget} env steps)")
     if todo:
-        with ProcessPoolExecutor(cfg.workers) as pool, open(cfg.cache, "a", encoding="utf-8") as cache:
+        with (ProcessPoolExecutor(cfg.workers, initializer=init_worker) as pool,
+              open(cfg.cache, "a", encoding="utf-8") as cache):
             futures = {pool.submit(run_cell, cfg_dict, *c): c for c in todo}
             for fut in tqdm(as_completed(futures), total=len(futures), desc="sweep cells", unit="cell"):
                 row = {**fut.result(), "budget": cfg.budget,
