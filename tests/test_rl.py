@@ -349,30 +349,3 @@ def test_divergence_stops_with_a_clear_error():
         for _ in range(5):
             learner.update(buf, ReplayBuffer(8, D, M))
 
-
-def test_lean_adam_is_torch_adam_bit_for_bit():
-    """The learner's optimiser: the same updates as torch.optim.Adam(foreach=True), and
-    optimiser states that load into each other (checkpoints from either resume)."""
-    import copy
-
-    from arli.rl.optim import LeanAdam
-
-    torch.manual_seed(0)
-    for net in (EnsembleCritic(D, M, 3, 16), ResidualActor(D, M, 16)):
-        ours, ref = net, copy.deepcopy(net)
-        opt, ref_opt = LeanAdam(ours.parameters(), lr=3e-4), torch.optim.Adam(ref.parameters(), lr=3e-4, foreach=True)
-        for _ in range(40):
-            s, a = torch.randn(32, D), torch.randn(32, M)
-            for model, o in ((ours, opt), (ref, ref_opt)):
-                out = model(s, a) if isinstance(model, EnsembleCritic) else model(s)
-                o.zero_grad(set_to_none=True)
-                ((out - 0.5) ** 2).mean().backward()
-                o.step()
-        assert all(torch.equal(p, q) for p, q in zip(ours.parameters(), ref.parameters()))
-        resumed = LeanAdam(ours.parameters(), lr=1.0)
-        resumed.load_state_dict(ref_opt.state_dict())
-        assert resumed.step_count == 40 and resumed.lr == 3e-4
-        assert all(torch.equal(m, n) for m, n in zip(resumed.exp_avg, opt.exp_avg))
-        torch.optim.Adam(ref.parameters(), lr=3e-4).load_state_dict(opt.state_dict())
-    with pytest.raises(ValueError, match="no gradient"):
-        LeanAdam(ResidualActor(D, M, 8).parameters(), lr=1e-3).step()

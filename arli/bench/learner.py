@@ -186,7 +186,10 @@ def main(cfg: BenchLearnerConfig) -> int:
           "evaluated on the 2 heads its min uses, "
           "foreach Adam and Polyak, one gather per batch (transition rows stored contiguously). "
           "Tried and not kept: `torch.compile` of the networks (slower here: 84 vs 99 updates/s, "
-          "45 s compile), fused CPU Adam (slower).\n")
+          "45 s compile), fused CPU Adam (slower), and an Adam issuing the same `_foreach` ops without "
+          "`torch.optim`'s per-step regrouping (bit-for-bit torch's updates; 0.90-1.19x in four "
+          "interleaved pairs, mean 1.07x: inside this VM's drift, which moves the same learner between "
+          "98 and 145 updates/s from one minute to the next).\n")
     if cfg.report_dir:
         write_report(cfg.report_dir, "learner", payload, md)
     if cfg.json:
