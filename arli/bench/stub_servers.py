@@ -68,7 +68,13 @@ def serve_floor(port: int, compute_ms: float) -> None:
 
 
 def serve_lerobot(port: int, compute_ms: float) -> None:
+    import os  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
     from concurrent import futures  # noqa: PLC0415
+
+    # LeRobot's async-inference logger writes logs/<name>_<time>.log under the working
+    # directory when its module is imported: keep that out of the repository
+    os.chdir(tempfile.mkdtemp(prefix="arli_lerobot_server_"))
 
     import grpc  # noqa: PLC0415
     import torch  # noqa: PLC0415
