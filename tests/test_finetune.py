@@ -84,7 +84,10 @@ def test_finetune_entry_point_writes_a_consistent_run(tmp_path):
     assert summary["env_steps"] >= 600 and summary["updates"] > 0
     for key in ("base_success", "anchor_only_success", "finetuned_success"):
         assert 0 <= summary[key] <= 1
-    assert len(summary["history"]) == 2 and all(h["env_steps"] >= 300 for h in summary["history"])
+    # the curve starts at the anchor-pretrained residual (step 0, no update), then 2 evaluations
+    start, *points = summary["history"]
+    assert start["env_steps"] == 0 and start["updates"] == 0
+    assert len(points) == 2 and all(h["env_steps"] >= 300 and h["updates"] > 0 for h in points)
     assert all(np.isfinite(h["q_eval"]) and 0 <= h["return_eval"] <= 1 for h in summary["history"])
     for name in ("checkpoint/trainer_state.pt", "checkpoint/residual_actor.safetensors",
                  "learning_curve.png", "config.yaml"):

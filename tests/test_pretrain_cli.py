@@ -20,11 +20,17 @@ def _arli(*args, timeout=600):
 
 def test_pretrain_then_bench_base(tmp_path):
     ds, ckpt, rep = tmp_path / "ds", tmp_path / "ckpt", tmp_path / "reports"
-    _arli("pretrain", "env=pick_cube", "demos=4", f"dataset_root={ds}", f"output_dir={ckpt}",
-          "steps=40", "batch_size=32", "eval_every=40", "eval_episodes=1", "policy.d_model=32",
-          "policy.n_heads=2", "policy.ff_dim=64", "policy.num_steps=2")
+    tiny = ("env=pick_cube", "demos=4", f"dataset_root={ds}", "steps=40", "batch_size=32", "eval_every=40",
+            "eval_episodes=1", "policy.d_model=32", "policy.n_heads=2", "policy.ff_dim=64", "policy.num_steps=2")
+    _arli("pretrain", *tiny, f"output_dir={ckpt}")
     summary = json.loads((ckpt / "pretrain_summary.json").read_text())
     assert summary["episodes"] == 4 and summary["history"][-1]["step"] == 40
+    # the same seed and demos give the same base policy, initial weights included (a fresh
+    # clone's `make demo` reproduces the documented base), and another seed does not
+    _arli("pretrain", *tiny, f"output_dir={tmp_path / 'again'}")
+    _arli("pretrain", *tiny, f"output_dir={tmp_path / 'seed1'}", "seed=1")
+    weights = [(tmp_path / d / "model.safetensors").read_bytes() for d in ("ckpt", "again", "seed1")]
+    assert weights[0] == weights[1] and weights[0] != weights[2]
     policy = FlowPolicy.load(str(ckpt))
     assert policy.cfg.instruction == "pick up the red cube and lift it"
     chunk = policy.predict_actions(np.zeros(policy.cfg.state_dim, np.float32))

@@ -24,12 +24,10 @@ def steps_to(history: list[dict], level: float) -> int | None:
     return next((h["env_steps"] for h in history if h["success"] >= level), None)
 
 
-def plot_curve(history: list[dict], base: float, path: str, title: str, start: float | None = None) -> None:
-    """Evaluation success vs online env steps; ``start`` = the anchor-pretrained residual at
-    step 0 (the RL run's own starting point), ``base`` = the base policy alone."""
+def plot_curve(history: list[dict], base: float, path: str, title: str) -> None:
+    """Evaluation success vs online env steps (the first point: the anchor-pretrained start
+    at step 0, on the same seeds); ``base`` = the base policy alone."""
     steps, success = [h["env_steps"] for h in history], [h["success"] for h in history]
-    if start is not None:
-        steps, success = [0] + steps, [start] + success
     with success_plot(path, title, "online environment steps") as ax:
         ax.plot(steps, success, marker="o", label="base + residual (eval)")
         ax.axhline(base, color="gray", ls="--", label="base policy")
@@ -79,10 +77,15 @@ def main(cfg: FinetuneConfig) -> int:
         prep = ft.prepare(progress=True)
         print(f"anchor data: {prep['anchor_transitions']} transitions from {cfg.anchor_episodes} demonstration "
               f"episodes; anchor pretraining loss {prep['pretrain_loss']:.4f}")
-    anchor_eval = None
+    anchor_eval = curve_start = None
     if not cfg.resume:  # the RL run's starting point: anchor-pretrained residual, no online step
         print(f"evaluating the anchor-pretrained start ({cfg.final_eval_episodes} episodes)")
         anchor_eval = ft.evaluate(cfg.final_eval_episodes)
+        # the curve's own start: the same seeds as every curve point (eval_episodes of them)
+        curve_start = ft.evaluate(cfg.eval_episodes, diagnostics=True)
+        ft.history.insert(0, {"env_steps": 0, "success": curve_start["success"], "episodes": 0, "updates": 0,
+                              "wall_s": 0.0, "q_eval": curve_start["q_mean"],
+                              "return_eval": curve_start["return_mean"], "intervened_steps": 0})
     print(f"evaluating the base policy ({cfg.final_eval_episodes} episodes, async {cfg.strategy}, d={delay})")
     base_eval = ft.evaluate(cfg.final_eval_episodes, residual=False)
     writer = SummaryWriter(os.path.join(run_dir, "tb"))
@@ -98,8 +101,7 @@ def main(cfg: FinetuneConfig) -> int:
     writer.close()
     start_success = anchor_eval["success"] if anchor_eval else None
     plot_curve(ft.history, base_eval["success"], os.path.join(run_dir, "learning_curve.png"),
-               f"{cfg.variant} residual ({cfg.regime}) on {name}, async {cfg.strategy}, d={delay}",
-               start_success)
+               f"{cfg.variant} residual ({cfg.regime}) on {name}, async {cfg.strategy}, d={delay}")
     summary = {
         "env": name, "variant": cfg.variant, "regime": cfg.regime, "strategy": cfg.strategy,
         "delay_steps": delay, "anchor_only_success": start_success,
@@ -125,6 +127,10 @@ def main(cfg: FinetuneConfig) -> int:
                      if cfg.regime == "hil" else "")
     print(f"| base + {cfg.variant} residual after RL ({ft.controller.env_steps} env steps{by_intervener}) "
           f"| {final['success']:.2f} |")
+    if curve_start is not None:
+        points = ", ".join(f"{h['success']:.2f}" for h in ft.history[1:])
+        print(f"\nlearning curve ({cfg.eval_episodes} episodes, same seeds): start {curve_start['success']:.2f} -> "
+              f"{points}; final vs start on {cfg.final_eval_episodes} seeds: {final['success'] - start_success:+.2f}")
     print(f"\nwrote {run_dir}/ (checkpoint/, tb/, learning_curve.png, summary.json) in {summary['wall_s']:.0f} s")
     return 0
 

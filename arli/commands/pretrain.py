@@ -6,6 +6,8 @@ import json
 import os
 import time
 
+import torch
+
 from arli.config import CollectDemosConfig, PretrainConfig
 from arli.demos import collect_demos, describe_timing, load_chunk_dataset
 from arli.pretrain import build_policy, make_evaluator, train_flow
@@ -48,6 +50,9 @@ def pretrain(cfg: PretrainConfig) -> dict:
     ensure_demos(cfg)
     start = time.time()
     data = load_chunk_dataset(cfg.dataset_root, cfg.policy.chunk_size)
+    # seeded before the network is built: its initial weights come from the global generator,
+    # and an unseeded init made every fresh clone's base policy a different one
+    torch.manual_seed(cfg.seed)
     policy = build_policy(data, cfg.policy)
     evaluate = make_evaluator(cfg.env.name, cfg.eval_episodes, seed=50_000, dt=cfg.env.dt,
                               image_size=policy.cfg.image_size)
