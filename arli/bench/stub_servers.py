@@ -68,14 +68,11 @@ def serve_floor(port: int, compute_ms: float) -> None:
 
 
 def serve_lerobot(port: int, compute_ms: float) -> None:
-    import os  # noqa: PLC0415
-    import tempfile  # noqa: PLC0415
     from concurrent import futures  # noqa: PLC0415
 
     # LeRobot's async-inference logger writes logs/<name>_<time>.log under the working
-    # directory when its module is imported: keep that out of the repository
-    os.chdir(tempfile.mkdtemp(prefix="arli_lerobot_server_"))
-
+    # directory when its module is imported: the bench starts this server in a scratch
+    # directory it removes afterwards (arli.bench.transport.main)
     import grpc  # noqa: PLC0415
     import torch  # noqa: PLC0415
     from lerobot.async_inference.configs import PolicyServerConfig  # noqa: PLC0415

@@ -16,6 +16,7 @@ import pickle  # only to drive LeRobot's own protocol, which is pickle-based; ne
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -33,10 +34,12 @@ def _free_port() -> int:
     return port
 
 
-def _start(kind: str, port: int, compute_ms: float, mode: str = "wait") -> subprocess.Popen:
+def _start(kind: str, port: int, compute_ms: float, mode: str = "wait", cwd: str | None = None) -> subprocess.Popen:
+    """The stub server ``kind`` as a child process, once it says it is ready. ``cwd``: its
+    working directory (LeRobot's server writes ``logs/`` there on import)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "arli.bench.stub_servers", kind, str(port), str(compute_ms), mode],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True, cwd=cwd)
     line = proc.stdout.readline()
     if "ready" not in line:
         proc.kill()
@@ -129,12 +132,14 @@ def main(cfg: BenchTransportConfig) -> int:
     rows = {}
     for name, measure in (("floor", measure_floor), ("ours", measure_ours), ("lerobot", measure_lerobot)):
         port = _free_port()
-        proc = _start(name, port, cfg.compute_ms, cfg.stub_compute)
-        try:
-            rows[name] = measure(port, cfg.requests, cfg.warmup, cfg.compute_ms)
-        finally:
-            proc.kill()
-            proc.wait()
+        # a scratch working directory, removed with the server: nothing lands in the repository
+        with tempfile.TemporaryDirectory(prefix=f"arli_{name}_server_") as scratch:
+            proc = _start(name, port, cfg.compute_ms, cfg.stub_compute, cwd=scratch)
+            try:
+                rows[name] = measure(port, cfg.requests, cfg.warmup, cfg.compute_ms)
+            finally:
+                proc.kill()
+                proc.wait()
     floor = {"floor_p50_ms": float(np.percentile(rows["floor"], 50)),
              "floor_p99_ms": float(np.percentile(rows["floor"], 99))}
     result = {"ours_p50_ms": float(np.percentile(rows["ours"], 50)),
