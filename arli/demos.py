@@ -18,9 +18,13 @@ IMAGE_KEY = "observation.images.front"
 ENV_KEY = "observation.environment_state"
 
 
+DEMO_COMMIT_EVERY = 25  # scripted episodes are regenerable: commit in batches (arli.record)
+
+
 def collect_demos(env_name: str, episodes: int, root: str, seed: int = 0, dt: float = 0.05,
                   image_size: int = 0, only_success: bool = True) -> dict:
-    """Run the scripted expert and record ``episodes`` episodes at ``root``."""
+    """Run the scripted expert and record ``episodes`` episodes at ``root`` (committed every
+    ``DEMO_COMMIT_EVERY`` episodes; a crash keeps the committed ones)."""
     name = task_name(env_name)
     if name not in EXPERTS:
         raise InputError(f"no scripted expert for {name!r}; demos exist for {sorted(EXPERTS)}")
@@ -31,7 +35,7 @@ def collect_demos(env_name: str, episodes: int, root: str, seed: int = 0, dt: fl
     kept, tried, frames = 0, 0, 0
     sim_s = write_s = 0.0  # where the time goes: physics + expert (+ render), dataset writes
     start = time.perf_counter()
-    with EpisodeRecorder(root, fps, features) as rec, \
+    with EpisodeRecorder(root, fps, features, commit_every=DEMO_COMMIT_EVERY) as rec, \
             tqdm(total=episodes, desc=f"demos {name}", unit="ep") as bar:
         setup_s = time.perf_counter() - start  # LeRobot import + dataset creation
         while kept < episodes:

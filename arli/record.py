@@ -12,6 +12,11 @@ the dataset unreadable. Here every episode is made durable on its own:
   (``repair_dataset``): the metadata is restored and the half-written files deleted.
 
 So after SIGKILL at any moment every completed episode loads with ``LeRobotDataset``.
+
+Reopening reads every episode's metadata back, so it costs more as the dataset grows (about
+4 s per episode at 170 episodes of a peg task). A bulk writer whose episodes can be
+regenerated (scripted demonstrations) commits every ``commit_every`` episodes instead: one
+journal covers the batch, and a crash loses at most the uncommitted part of it.
 """
 
 from __future__ import annotations
@@ -86,7 +91,7 @@ def repair_dataset(root: str | os.PathLike) -> bool:
             (root / rel).unlink()
     shutil.rmtree(root / "images", ignore_errors=True)  # frames staged for video encoding
     journal.unlink()
-    log.warning("dataset %s: rolled back an episode whose save was interrupted", root)
+    log.warning("dataset %s: rolled back the episodes of an interrupted save", root)
     return True
 
 
@@ -95,10 +100,13 @@ class EpisodeRecorder:
     existing one recorded with the same features."""
 
     def __init__(self, root: str | os.PathLike, fps: int, features: dict, repo_id: str = "arli/local",
-                 robot_type: str = "franka_panda", resume: bool = False, use_videos: bool = False) -> None:
+                 robot_type: str = "franka_panda", resume: bool = False, use_videos: bool = False,
+                 commit_every: int = 1) -> None:
         from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: PLC0415 - heavy
 
-        self.root, self.repo_id = Path(root), repo_id
+        if commit_every < 1:
+            raise ValueError(f"commit_every: expected >= 1 episodes per commit, got {commit_every}")
+        self.root, self.repo_id, self.commit_every = Path(root), repo_id, commit_every
         self._cls = LeRobotDataset
         exists = self.root.exists() and any(self.root.iterdir())
         if exists and not resume:
@@ -123,7 +131,10 @@ class EpisodeRecorder:
                                                  root=self.root, robot_type=robot_type,
                                                  use_videos=use_videos)
         self.features = features
-        self.episodes = 0  # saved by this recorder
+        self.episodes = 0  # saved by this recorder (committed or in the open batch)
+        self._pending = 0  # saved since the last commit, covered by the journal
+        self._before: set[str] = set()  # payload files at the journal's start
+        self._saving = False
         self._closed = False
 
     def _open(self):
@@ -158,7 +169,22 @@ class EpisodeRecorder:
         self.dataset.add_frame(frame)
 
     def save_episode(self) -> None:
-        """Make the buffered episode durable (see the module docstring)."""
+        """Save the buffered episode; durable now, or with the batch (``commit_every``)."""
+        if not self._pending:
+            self._begin()
+        _quiet_datasets()
+        self._saving = True  # an exception inside LeRobot's save leaves the batch to roll back
+        with warnings.catch_warnings():  # LeRobot's stats on bool features; nothing to act on
+            warnings.filterwarnings("ignore", message="Converting input from bool")
+            self.dataset.save_episode()
+        self._saving = False
+        self._pending += 1
+        self.episodes += 1
+        if self._pending >= self.commit_every:
+            self._commit()
+
+    def _begin(self) -> None:
+        """Journal + metadata backup: until the commit, a crash rolls back to this point."""
         journal = self.root / JOURNAL
         backup = self.root / META_BACKUP
         shutil.rmtree(backup, ignore_errors=True)
@@ -167,16 +193,16 @@ class EpisodeRecorder:
         before = _payload_files(self.root)
         tmp.write_text(json.dumps({"files": before}))
         os.replace(tmp, journal)  # the save starts only once the journal is complete
-        _quiet_datasets()
-        with warnings.catch_warnings():  # LeRobot's stats on bool features; nothing to act on
-            warnings.filterwarnings("ignore", message="Converting input from bool")
-            self.dataset.save_episode()
+        self._before = set(before)
+
+    def _commit(self) -> None:
+        """Finalize, flush, drop the journal (the commit point), reopen for new files."""
         self.dataset.finalize()
-        _fsync_new(self.root, set(before))
-        journal.unlink()  # commit point: the episode is in
-        shutil.rmtree(backup, ignore_errors=True)
+        _fsync_new(self.root, self._before)
+        (self.root / JOURNAL).unlink()  # commit point: the batch is in
+        shutil.rmtree(self.root / META_BACKUP, ignore_errors=True)
+        self._pending = 0
         self.dataset = self._open()  # LeRobot's resume path: the next episode gets new files
-        self.episodes += 1
 
     def discard_episode(self) -> None:
         """Drop the frames buffered for the current episode."""
@@ -184,8 +210,12 @@ class EpisodeRecorder:
             self.dataset.clear_episode_buffer()
 
     def close(self) -> None:
+        """Drop an unsaved episode, commit the saved ones (unless a save broke off midway:
+        then the journal stays, and the next open rolls the batch back)."""
         if not self._closed:
             self.discard_episode()
+            if self._pending and not self._saving:
+                self._commit()
             self.dataset.finalize()
             self._closed = True
 

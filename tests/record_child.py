@@ -2,7 +2,8 @@
 says on stdout what is durable, so the parent can SIGKILL it at a chosen moment.
 
 argv: root, crash ("mid" = the parent kills it mid-episode; "save" = it kills itself inside
-the third save, after LeRobot wrote the episode but before the dataset was finalised).
+the third save, after LeRobot wrote the episode but before the dataset was finalised;
+"batch" = like "mid", with commits every 3 episodes: it says "committed N" at each).
 """
 
 import os
@@ -16,7 +17,8 @@ from arli.record import EpisodeRecorder, dataset_features
 
 root, crash = sys.argv[1], sys.argv[2]
 features = dataset_features(["x", "y"], ["a"])
-rec = EpisodeRecorder(root, 20, features)
+commit_every = 3 if crash == "batch" else 1
+rec = EpisodeRecorder(root, 20, features, commit_every=commit_every)
 if crash == "save":
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
@@ -39,3 +41,5 @@ for ep in range(10):
             time.sleep(0.3)
     rec.save_episode()
     print(f"saved {ep} {n}", flush=True)
+    if (ep + 1) % commit_every == 0:
+        print(f"committed {ep + 1}", flush=True)

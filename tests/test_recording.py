@@ -80,6 +80,34 @@ def test_sigkill_inside_a_save_is_rolled_back_on_resume(tmp_path):
         EpisodeRecorder(root, 20, dataset_features(["x", "y"], ["a"]))
 
 
+def test_batched_commits_lose_only_the_open_batch_on_sigkill(tmp_path):
+    """commit_every = 3 (how scripted demonstrations are written): killed with episode 3
+    saved but not committed and episode 4 half recorded, the dataset reopens with exactly
+    the 3 committed episodes, the rest rolled back."""
+    from arli.record import EpisodeRecorder, dataset_features  # noqa: PLC0415
+
+    root = tmp_path / "ds"
+    proc = _child(root, "batch")
+    saved: dict[int, int] = {}
+    committed = 0
+    for line in proc.stdout:
+        if line.startswith("saved"):
+            _, ep, n = line.split()
+            saved[int(ep)] = int(n)
+        if line.startswith("committed"):
+            committed = int(line.split()[1])
+        if line.startswith("mid") and len(saved) >= 4:
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert committed == 3 and len(saved) == 4
+    assert (root / ".arli_saving.json").exists()  # the open batch's journal
+    with EpisodeRecorder(root, 20, dataset_features(["x", "y"], ["a"]), resume=True) as rec:
+        assert rec.total_episodes == 3
+    assert _episode_lengths(_load(root)) == [saved[i] for i in range(3)]
+
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     root = tmp_path_factory.mktemp("rec") / "pick"

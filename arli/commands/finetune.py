@@ -24,12 +24,17 @@ def steps_to(history: list[dict], level: float) -> int | None:
     return next((h["env_steps"] for h in history if h["success"] >= level), None)
 
 
-def plot_curve(history: list[dict], base: float, path: str, title: str) -> None:
+def plot_curve(history: list[dict], base: float, path: str, title: str,
+               start: float | None = None, final: float | None = None, final_steps: int = 0) -> None:
     """Evaluation success vs online env steps (the first point: the anchor-pretrained start
-    at step 0, on the same seeds); ``base`` = the base policy alone."""
+    at step 0, on the curve's seeds); ``base`` = the base policy alone; ``start`` / ``final``:
+    the anchor-pretrained and finetuned residual on the larger final evaluation."""
     steps, success = [h["env_steps"] for h in history], [h["success"] for h in history]
     with success_plot(path, title, "online environment steps") as ax:
         ax.plot(steps, success, marker="o", label="base + residual (eval)")
+        if start is not None and final is not None:
+            ax.plot([0, final_steps], [start, final], ls="none", marker="s", color="tab:red",
+                    label="anchor start and final (final-evaluation seeds)")
         ax.axhline(base, color="gray", ls="--", label="base policy")
 
 
@@ -101,7 +106,8 @@ def main(cfg: FinetuneConfig) -> int:
     writer.close()
     start_success = anchor_eval["success"] if anchor_eval else None
     plot_curve(ft.history, base_eval["success"], os.path.join(run_dir, "learning_curve.png"),
-               f"{cfg.variant} residual ({cfg.regime}) on {name}, async {cfg.strategy}, d={delay}")
+               f"{cfg.variant} residual ({cfg.regime}) on {name}, async {cfg.strategy}, d={delay}",
+               start_success, final["success"], ft.controller.env_steps)
     summary = {
         "env": name, "variant": cfg.variant, "regime": cfg.regime, "strategy": cfg.strategy,
         "delay_steps": delay, "anchor_only_success": start_success,
