@@ -153,5 +153,7 @@ def test_fuzz_decoder_only_raises_protocol_errors(base, seed):
             decode(frame, max_bytes=1 << 20)
         except ProtocolError:
             pass
-        assert time.thread_time() - start < 0.5, "decoder hung on a frame"
+        # a hang is unbounded; 2 s of CPU leaves room for a full garbage collection on a
+        # loaded 2-core VM (0.51 s was seen once there on a legitimate frame)
+        assert time.thread_time() - start < 2.0, "decoder hung on a frame"
         frame = mutate(frame, rng) if rng.random() < 0.8 else mutate(rng.choice(SEEDS), rng)
