@@ -20,15 +20,16 @@ def _arli(*args, timeout=600):
 
 def test_pretrain_then_bench_base(tmp_path):
     ds, ckpt, rep = tmp_path / "ds", tmp_path / "ckpt", tmp_path / "reports"
-    tiny = ("env=pick_cube", "demos=4", f"dataset_root={ds}", "steps=40", "batch_size=32", "eval_every=40",
+    tiny = ("env=pick_cube", f"dataset_root={ds}", "steps=40", "batch_size=32", "eval_every=40",
             "eval_episodes=1", "policy.d_model=32", "policy.n_heads=2", "policy.ff_dim=64", "policy.num_steps=2")
-    _arli("pretrain", *tiny, f"output_dir={ckpt}")
+    _arli("pretrain", *tiny, f"output_dir={ckpt}", "demos=4")
     summary = json.loads((ckpt / "pretrain_summary.json").read_text())
     assert summary["episodes"] == 4 and summary["history"][-1]["step"] == 40
     # the same seed and demos give the same base policy, initial weights included (a fresh
     # clone's `make demo` reproduces the documented base), and another seed does not
-    _arli("pretrain", *tiny, f"output_dir={tmp_path / 'again'}")
-    _arli("pretrain", *tiny, f"output_dir={tmp_path / 'seed1'}", "seed=1")
+    out = _arli("pretrain", *tiny, f"output_dir={tmp_path / 'again'}", "demos=6")  # the 4 already there
+    assert "holds 4 episodes, not demos=6" in out
+    _arli("pretrain", *tiny, f"output_dir={tmp_path / 'seed1'}", "seed=1", "demos=4")
     weights = [(tmp_path / d / "model.safetensors").read_bytes() for d in ("ckpt", "again", "seed1")]
     assert weights[0] == weights[1] and weights[0] != weights[2]
     policy = FlowPolicy.load(str(ckpt))

@@ -21,10 +21,19 @@ def collect_main(cfg: CollectDemosConfig) -> int:
 
 
 def ensure_demos(cfg: PretrainConfig) -> None:
-    if not os.path.exists(os.path.join(cfg.dataset_root, "meta", "info.json")):
+    """Collect ``cfg.demos`` demonstrations if ``dataset_root`` holds none; say so when the
+    dataset there has another count (an interrupted collection keeps its committed batches)."""
+    info = os.path.join(cfg.dataset_root, "meta", "info.json")
+    if not os.path.exists(info):
         print(f"no demos at {cfg.dataset_root}: collecting {cfg.demos} with the scripted expert")
         collect_demos(cfg.env.name, cfg.demos, cfg.dataset_root, cfg.seed, cfg.env.dt,
                       cfg.env.image_size)
+        return
+    with open(info, encoding="utf-8") as fh:
+        have = int(json.load(fh).get("total_episodes", 0))
+    if have != cfg.demos:
+        print(f"warning: {cfg.dataset_root} holds {have} episodes, not demos={cfg.demos}; pretraining on "
+              f"those {have} (delete the directory to collect {cfg.demos} afresh)")
 
 
 def ensure_base_policy(checkpoint: str, pretrain_cfg: PretrainConfig, env_cfg) -> None:
