@@ -95,7 +95,9 @@ class EnsembleCritic(nn.Module):
         # the elementwise ops (and their backward) on the fast path
         h = torch.relu(nn.functional.layer_norm(h, (self.hidden,)))
         h = torch.relu(nn.functional.layer_norm(self.l2(h, heads), (self.hidden,)))
-        return (h * w3).sum(-1) + b3  # (k, B)
+        # last layer as a batched (B, h) @ (h, 1) per head: one kernel forward and two backward,
+        # where (h * w3).sum(-1) + b3 issues three elementwise passes over (k, B, h) each way
+        return torch.baddbmm(b3.unsqueeze(-1), h, w3.transpose(1, 2)).squeeze(-1)  # (k, B)
 
 
 class NumpyResidualActor:

@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from arli.policies.residual import EnsembleCritic, ResidualActor, compose_action
 from arli.rl.config import LearnerConfig
+from arli.rl.flat_adam import FlatAdam, FlatParameters
 from arli.rl.replay import SOURCES, ReplayBuffer, mixed_batch
 
 
@@ -42,11 +43,6 @@ def anchor_term(action: torch.Tensor, anchor_action: torch.Tensor, weight: torch
     return (per_row * weight).sum() / weight.sum().clamp(min=1.0)
 
 
-def _grad_norm(params) -> float:
-    grads = [p.grad for p in params if p.grad is not None]
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
-
-
 class ResidualLearner:
     """Owns the actor, critic, their targets and optimisers; one ``update`` = one gradient step."""
 
@@ -58,14 +54,15 @@ class ResidualLearner:
         self.critic = EnsembleCritic(state_dim, action_dim, cfg.critic_heads, cfg.critic_hidden)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        # fused Adam: one kernel per step instead of a dozen per parameter (CPU and CUDA)
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, foreach=True)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, foreach=True)
+        # every network's parameters are views of one flat buffer: Adam, zeroing and Polyak
+        # are then a few whole-buffer operations instead of a loop over tensors (flat_adam.py)
+        self.actor_flat, self.critic_flat = FlatParameters(self.actor), FlatParameters(self.critic)
+        self.actor_target_flat = FlatParameters(self.actor_target)
+        self.critic_target_flat = FlatParameters(self.critic_target)
+        self.actor_opt = FlatAdam(self.actor_flat, lr=cfg.actor_lr)
+        self.critic_opt = FlatAdam(self.critic_flat, lr=cfg.critic_lr)
         self.generator = torch.Generator().manual_seed(seed)
         self.updates = 0
-        # flat parameter lists for one fused Polyak step (torch._foreach_lerp_)
-        self._critic_pairs = (list(self.critic.parameters()), list(self.critic_target.parameters()))
-        self._actor_pairs = (list(self.actor.parameters()), list(self.actor_target.parameters()))
 
     # -- acting --------------------------------------------------------------------------
     def candidates(self, r_pi: torch.Tensor, count: int, std: float) -> torch.Tensor:
@@ -129,10 +126,10 @@ class ResidualLearner:
             raise LearnerDiverged(f"critic diverged at update {self.updates}: loss {stats['critic_loss']:.3g}, "
                                   f"mean Q {stats['q_mean']:.3g} (returns are in [{cfg.q_min}, {cfg.q_max}]); "
                                   "lower learner.critic_lr or learner.tau")
-        self.critic_opt.zero_grad(set_to_none=True)
+        self.critic_opt.zero_grad()
         critic_loss.backward()
         if diagnostics:
-            stats["critic_grad_norm"] = _grad_norm(self._critic_pairs[0])
+            stats["critic_grad_norm"] = self.critic_flat.grad_norm()
             err = td.detach().abs().mean(0)
             for code, name in enumerate(SOURCES):
                 rows = b["source"] == code
@@ -174,12 +171,12 @@ class ResidualLearner:
             loss = loss - cfg.q_weight * (q_pi / q_pi.abs().mean().detach().clamp(min=1e-3)).mean()
         if not torch.isfinite(loss):
             raise LearnerDiverged(f"actor loss is not finite at update {self.updates}")
-        self.actor_opt.zero_grad(set_to_none=True)
+        self.actor_opt.zero_grad()
         loss.backward()
         stats = {"actor_loss": loss.item(), "anchor_bc": bc.item(),
                  "anchor_kept": (weight.sum() / b["is_anchor"].sum().clamp(min=1)).item()}
         if diagnostics:
-            stats["actor_grad_norm"] = _grad_norm(self._actor_pairs[0])
+            stats["actor_grad_norm"] = self.actor_flat.grad_norm()
             stats["residual_abs"] = (cfg.residual_scale * r.detach()).abs().mean().item()
             if q_pi is not None:
                 stats["q_pi"] = q_pi.detach().mean().item()
@@ -232,11 +229,11 @@ class ResidualLearner:
         loss = (((r - target) ** 2).sum(-1) * weight).sum() / weight.sum().clamp(min=1.0)
         if not torch.isfinite(loss):
             raise LearnerDiverged(f"actor loss is not finite at update {self.updates}")
-        self.actor_opt.zero_grad(set_to_none=True)
+        self.actor_opt.zero_grad()
         loss.backward()
         stats["actor_loss"] = loss.item()
         if diagnostics:
-            stats["actor_grad_norm"] = _grad_norm(self._actor_pairs[0])
+            stats["actor_grad_norm"] = self.actor_flat.grad_norm()
             stats["residual_abs"] = (self.cfg.residual_scale * r.detach()).abs().mean().item()
         self.actor_opt.step()
         return stats
@@ -247,14 +244,14 @@ class ResidualLearner:
         RL optimiser state starts fresh."""
         if updates <= 0 or len(anchor) == 0:
             return float("nan")
-        opt = torch.optim.Adam(self.actor.parameters(), lr=self.cfg.pretrain_lr)
+        opt = FlatAdam(self.actor_flat, lr=self.cfg.pretrain_lr)
         loss = torch.zeros(())
         for _ in tqdm(range(updates), desc="anchor pretraining", unit="upd", disable=not progress,
                       mininterval=1.0):
             b = anchor.sample(self.cfg.batch_size, self.generator)
             action = compose_action(b["base"], self.actor(b["state"]), self.cfg.residual_scale)
             loss = anchor_term(action, b["action"], torch.ones(len(action)))
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()
             loss.backward()
             opt.step()
         self.actor_target.load_state_dict(self.actor.state_dict())
@@ -262,9 +259,9 @@ class ResidualLearner:
 
     @torch.no_grad()
     def _polyak(self, actor: bool = True) -> None:
-        pairs = [self._critic_pairs] + ([self._actor_pairs] if actor else [])
-        for params, targets in pairs:
-            torch._foreach_lerp_(targets, params, self.cfg.tau)
+        self.critic_target_flat.data.lerp_(self.critic_flat.data, self.cfg.tau)
+        if actor:
+            self.actor_target_flat.data.lerp_(self.actor_flat.data, self.cfg.tau)
 
     # -- checkpoints ---------------------------------------------------------------------
     def state_dict(self) -> dict:
