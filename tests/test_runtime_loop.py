@@ -11,7 +11,7 @@ from arli.chunking import ChunkScheduler
 from arli.latency import TraceLatency
 from arli.policies.expert import ExpertChunkPolicy
 from arli.rollout import evaluate_policy, gripper_hold, planning_delay
-from arli.runtime.clock import SimClock
+from arli.runtime.clock import MonotonicClock, SimClock
 from arli.runtime.inference import SimInference
 from arli.runtime.loop import StepController, run_episode
 from robot_drivers.sim import SimDriver
@@ -51,3 +51,18 @@ def test_a_recorded_trace_with_spikes_runs_instead_of_being_refused(tmp_path):
     cell = evaluate_policy(env, ExpertChunkPolicy("pick_cube", 16), "naive", latency, episodes=3, seed=0)
     assert cell["delay_steps"] == 18 and cell["execute_horizon"] == 8  # planned for d <= H // 2 = 8
     assert cell["latency_spikes"] >= 1 and cell["episodes"] == 3
+
+
+def test_the_spin_keeps_warming_until_its_margin_then_only_spins():
+    """warm() repeats through the spin (one call does not wake a slept vCPU) and stops
+    warm_margin_s before the tick, so the tick itself stays punctual."""
+    import time  # noqa: PLC0415
+
+    clock = MonotonicClock(0.05, spin_s=0.04, warm_margin_s=0.002)  # a long spin: robust to a late sleep
+    calls: list[float] = []
+    clock.start()
+    clock.wait(1, warm=lambda: calls.append(time.perf_counter()))
+    target = clock.t_start + 0.05
+    assert len(calls) > 1  # repeated through the spin, not once
+    assert all(c < target - 0.0015 for c in calls)  # none inside the margin (0.5 ms slack for preemption)
+    assert clock.errors[-1] >= 0
