@@ -183,13 +183,16 @@ def main(cfg: BenchLearnerConfig) -> int:
           "128-wide layers on a 256-row batch are too small for the 2-core BLAS to reach full speed.\n"
           "* What was done: one batched ensemble (first layer of all heads as one matmul, second "
           "as one batched matmul, last as a dot product), contiguous activations, target "
-          "evaluated on the 2 heads its min uses, "
-          "foreach Adam and Polyak, one gather per batch (transition rows stored contiguously). "
+          "evaluated on the 2 heads its min uses, the last layer as one batched matmul, one gather per "
+          "batch (transition rows stored contiguously), and every network's parameters, gradients and "
+          "Adam moments in one flat buffer (`arli/rl/flat_adam.py`): an Adam step, a gradient reset and a "
+          "Polyak average are a few whole-buffer operations instead of a C++ loop over tensors with a "
+          "`.item()` per step counter (the same arithmetic as `torch.optim.Adam`, tested bit for bit). "
+          "In interleaved pairs against the previous learner (foreach `torch.optim.Adam`): 1.2-1.3x. "
           "Tried and not kept: `torch.compile` of the networks (slower here: 84 vs 99 updates/s, "
-          "45 s compile), fused CPU Adam (slower), and an Adam issuing the same `_foreach` ops without "
-          "`torch.optim`'s per-step regrouping (bit-for-bit torch's updates; 0.90-1.19x in four "
-          "interleaved pairs, mean 1.07x: inside this VM's drift, which moves the same learner between "
-          "98 and 145 updates/s from one minute to the next).\n")
+          "45 s compile), fused CPU Adam (slower), evaluating all target heads instead of indexing the "
+          "pair (slower). This VM's speed drifts (steal time up to a third of a core): the same learner "
+          "moves between about 100 and 160 updates/s from one minute to the next.\n")
     if cfg.report_dir:
         write_report(cfg.report_dir, "learner", payload, md)
     if cfg.json:

@@ -155,7 +155,9 @@ def main(cfg: BenchTransportConfig) -> int:
     md = ["# Transport: chunk round-trip overhead on loopback", "",
           f"`arli bench transport` — {cfg.requests} sequential requests after {cfg.warmup} warm-up, "
           f"stub policy with {cfg.compute_ms} ms of fixed compute ({cfg.stub_compute}: "
-          + ("the host thread waits, as for a GPU-bound model" if cfg.stub_compute == "wait" else "spinning a core")
+          + ("the host thread waits, as for a GPU-bound model: it sleeps, then spins the last 1.5 ms, so that "
+             "this VM's late wake-ups from sleep (0.15 ms p50, up to 1.3 ms p99) are not counted as transport"
+             if cfg.stub_compute == "wait" else "spinning a core")
           + ") returning a 50 x 7 chunk; observation two 224 x 224 x 3 uint8 images + an 8-d state. "
           "Overhead = client round trip - stub compute. Our client spins on the socket for the reply (the "
           "runtime does the same near a control tick); LeRobot's client makes its two blocking gRPC calls.", "",
