@@ -53,16 +53,31 @@ def test_a_recorded_trace_with_spikes_runs_instead_of_being_refused(tmp_path):
     assert cell["latency_spikes"] >= 1 and cell["episodes"] == 3
 
 
-def test_the_spin_keeps_warming_until_its_margin_then_only_spins():
+def test_the_spin_keeps_warming_until_its_margin_then_only_spins(monkeypatch):
     """warm() repeats through the spin (one call does not wake a slept vCPU) and stops
-    warm_margin_s before the tick, so the tick itself stays punctual."""
-    import time  # noqa: PLC0415
+    warm_margin_s before the tick, so the tick itself stays punctual. On a fake clock (every
+    reading advances it 0.1 ms, a sleep by its length): a loaded VM cannot make it flaky."""
+    import arli.runtime.clock as clock_module  # noqa: PLC0415
 
-    clock = MonotonicClock(0.05, spin_s=0.04, warm_margin_s=0.002)  # a long spin: robust to a late sleep
+    class FakeTime:
+        now = 100.0
+
+        def perf_counter(self) -> float:
+            self.now += 1e-4
+            return self.now
+
+        def sleep(self, seconds: float) -> None:
+            self.now += seconds
+
+    fake = FakeTime()
+    monkeypatch.setattr(clock_module, "time", fake)
+    clock = MonotonicClock(0.05, spin_s=0.004, warm_margin_s=0.001)
     calls: list[float] = []
     clock.start()
-    clock.wait(1, warm=lambda: calls.append(time.perf_counter()))
+    clock.wait(1, warm=lambda: calls.append(fake.now))
     target = clock.t_start + 0.05
-    assert len(calls) > 1  # repeated through the spin, not once
-    assert all(c < target - 0.0015 for c in calls)  # none inside the margin (0.5 ms slack for preemption)
-    assert clock.errors[-1] >= 0
+    assert len(calls) > 5  # repeated through the 4 ms spin, not once
+    assert min(calls) >= target - 0.004 - 1e-3  # in the spin, not before the sleep
+    assert max(calls) < target - 0.001 + 2e-4  # none inside the margin (one reading's step of slack)
+    assert max(calls) > target - 0.001 - 5e-4  # and it warmed up to the margin
+    assert 0 <= clock.errors[-1] <= 2e-4
