@@ -184,5 +184,8 @@ def test_a_policy_error_is_given_up_at_once_not_at_the_request_timeout():
         thread.join()
         server.close()
     assert all(starved for _, starved, _ in recorder.steps)  # never anything but the hold
-    assert result.abandoned == 0 and result.failed >= 10  # re-requested every step or two, no 8 s wait
+    # re-requested at once: several failures inside 30 steps, where waiting for the request
+    # timeout (10 chunks = 160 steps) would give none. Not a count per step: a loaded machine
+    # slows the in-process server thread
+    assert result.abandoned == 0 and result.failed >= 3
     assert "cannot read the state" in inference.errors[0]
