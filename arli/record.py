@@ -170,6 +170,10 @@ class EpisodeRecorder:
 
     def save_episode(self) -> None:
         """Save the buffered episode; durable now, or with the batch (``commit_every``)."""
+        if self._saving:  # committing now would seal a half-written episode into the batch
+            raise RuntimeError(f"dataset {self.root}: an earlier save_episode broke off; close this recorder "
+                               "(the open batch is rolled back when the dataset is next opened) and record "
+                               "into a new one")
         if not self._pending:
             self._begin()
         _quiet_datasets()
@@ -195,14 +199,16 @@ class EpisodeRecorder:
         os.replace(tmp, journal)  # the save starts only once the journal is complete
         self._before = set(before)
 
-    def _commit(self) -> None:
-        """Finalize, flush, drop the journal (the commit point), reopen for new files."""
+    def _commit(self, reopen: bool = True) -> None:
+        """Finalize, flush, drop the journal (the commit point); ``reopen`` for new files
+        (LeRobot's resume path, which reads every episode's metadata back: not on close)."""
         self.dataset.finalize()
         _fsync_new(self.root, self._before)
         (self.root / JOURNAL).unlink()  # commit point: the batch is in
         shutil.rmtree(self.root / META_BACKUP, ignore_errors=True)
         self._pending = 0
-        self.dataset = self._open()  # LeRobot's resume path: the next episode gets new files
+        if reopen:
+            self.dataset = self._open()  # LeRobot's resume path: the next episode gets new files
 
     def discard_episode(self) -> None:
         """Drop the frames buffered for the current episode."""
@@ -215,8 +221,9 @@ class EpisodeRecorder:
         if not self._closed:
             self.discard_episode()
             if self._pending and not self._saving:
-                self._commit()
-            self.dataset.finalize()
+                self._commit(reopen=False)  # finalizes the dataset itself
+            else:
+                self.dataset.finalize()
             self._closed = True
 
     def __enter__(self) -> "EpisodeRecorder":

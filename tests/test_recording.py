@@ -108,6 +108,44 @@ def test_batched_commits_lose_only_the_open_batch_on_sigkill(tmp_path):
     assert _episode_lengths(_load(root)) == [saved[i] for i in range(3)]
 
 
+def _record(rec, lengths) -> None:
+    for ep, n in lengths:
+        for t in range(n):
+            rec.add_frame(np.array([ep, t], np.float32), np.array([t / n], np.float32), 0.0, t == n - 1, False,
+                          "count")
+        rec.save_episode()
+
+
+def test_close_commits_a_partial_batch_and_a_broken_save_refuses_more(tmp_path, monkeypatch):
+    """close() commits the open batch (2 of commit_every=3); after a save that raised, the
+    recorder refuses to save again (it would seal a half-written episode into the batch),
+    and the next open rolls that batch back to the last commit."""
+    from arli.record import EpisodeRecorder, dataset_features  # noqa: PLC0415
+
+    root, features = tmp_path / "ds", dataset_features(["x", "y"], ["a"])
+    with EpisodeRecorder(root, 20, features, commit_every=3) as rec:
+        _record(rec, [(0, 12), (1, 14)])
+    assert not (root / ".arli_saving.json").exists()
+    assert _episode_lengths(_load(root)) == [12, 14]
+
+    rec = EpisodeRecorder(root, 20, features, resume=True, commit_every=3)
+    _record(rec, [(2, 16)])  # in the open batch
+
+    def broken_save():
+        raise OSError("disk full")
+
+    monkeypatch.setattr(rec.dataset, "save_episode", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        _record(rec, [(3, 10)])
+    with pytest.raises(RuntimeError, match="broke off"):
+        rec.save_episode()
+    rec.close()
+    assert (root / ".arli_saving.json").exists()  # not committed: left for the rollback
+    with EpisodeRecorder(root, 20, features, resume=True) as again:
+        assert again.total_episodes == 2
+    assert _episode_lengths(_load(root)) == [12, 14]
+
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     root = tmp_path_factory.mktemp("rec") / "pick"
