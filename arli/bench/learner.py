@@ -182,7 +182,7 @@ def main(cfg: BenchLearnerConfig) -> int:
           f"{flops / 1e9 / max(update_ms - floor_ms, 1e-3) * 1000:.0f} GFLOP/s, well below peak: "
           "128-wide layers on a 256-row batch are too small for the 2-core BLAS to reach full speed.\n"
           "* What was done: one batched ensemble (first layer of all heads as one matmul, second "
-          "as one batched matmul, last as a dot product), contiguous activations, target "
+          "as one batched matmul), contiguous activations, target "
           "evaluated on the 2 heads its min uses, the last layer as one batched matmul, one gather per "
           "batch (transition rows stored contiguously), and every network's parameters, gradients and "
           "Adam moments in one flat buffer (`arli/rl/flat_adam.py`): an Adam step, a gradient reset and a "
@@ -191,8 +191,8 @@ def main(cfg: BenchLearnerConfig) -> int:
           "In interleaved pairs against the previous learner (foreach `torch.optim.Adam`): 1.2-1.3x. "
           "Tried and not kept: `torch.compile` of the networks (slower here: 84 vs 99 updates/s, "
           "45 s compile), fused CPU Adam (slower), evaluating all target heads instead of indexing the "
-          "pair (slower). This VM's speed drifts (steal time up to a third of a core): the same learner "
-          "moves between about 100 and 160 updates/s from one minute to the next.\n")
+          "pair (slower). This VM's speed drifts (steal time up to a third of the machine's CPU time): the same learner "
+          "moves between about 113 and 171 updates/s from one minute to the next.\n")
     if cfg.report_dir:
         write_report(cfg.report_dir, "learner", payload, md)
     if cfg.json:

@@ -59,7 +59,7 @@ class EnsembleCritic(nn.Module):
     """Q(s, a) for E heads: s (B, D), a (B, m) -> (E, B).
 
     Every head sees the same input, so the first layer of all heads is one (D + m, E * h)
-    matmul; the second is a batched (E, h, h) matmul, the last a per-head dot product. On
+    matmul; the second is a batched (E, h, h) matmul, the last a batched (E, h, 1) matmul. On
     a CPU this is several times faster than a loop over heads (``arli bench learner``).
     """
 
