@@ -78,6 +78,21 @@ def test_arrays_of_object_dtype_or_lying_headers_are_refused():
         decode(pickled)
 
 
+def test_byte_swapped_arrays_arrive_with_their_values_in_and_out_of_band():
+    from arli.transport.codec import encode_frames
+
+    state = np.arange(6, dtype=">f4")  # big-endian: its raw bytes read natively are garbage
+    image = (np.arange(224 * 224 * 3) % 251).astype(">i4").reshape(224, 224, 3)[..., :1].copy()
+    msg = decode(encode("infer", request_id=1, t0=0, capture_ts=0.0, state=state, delay_steps=0))
+    np.testing.assert_array_equal(msg["state"], np.arange(6, dtype=np.float32))
+    frames = encode_frames("transitions", actor_id="a", seq=0, rows=np.ones((2, 3), ">f8"),
+                           episodes=[image])
+    got = decode([bytes(f) for f in frames])
+    np.testing.assert_array_equal(got["rows"], np.ones((2, 3)))
+    assert len(frames) == 2  # the 200 kB array went out of band, its values intact
+    np.testing.assert_array_equal(got["episodes"][0], image.astype(np.int32))
+
+
 def test_out_of_band_frames_round_trip_and_must_match_their_references():
     from arli.transport.codec import encode_frames
 

@@ -65,8 +65,9 @@ def serve_floor(port: int, compute_ms: float) -> None:
     """Echo server: receive the frames, wait the compute, reply a chunk-sized frame."""
     import zmq  # noqa: PLC0415
 
-    sock = zmq.Context().socket(zmq.ROUTER)
-    sock.bind(f"tcp://127.0.0.1:{port}")
+    from arli.transport.zmq_io import bind_socket  # noqa: PLC0415
+
+    sock = bind_socket(zmq.Context(), zmq.ROUTER, f"tcp://127.0.0.1:{port}")  # as the inference server's
     reply = np.zeros(STUB_CHUNK, np.float32).tobytes()
     print("ready", flush=True)
     while True:

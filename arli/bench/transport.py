@@ -54,24 +54,29 @@ def observation(seed: int = 0) -> dict[str, np.ndarray]:
             "observation.state": rng.standard_normal(8).astype(np.float32)}
 
 
-def measure_ours(port: int, requests: int, warmup: int, compute_ms: float) -> np.ndarray:
-    from arli.transport.codec import decode, encode_frames  # noqa: PLC0415
+def _client(port: int):
+    """A DEALER made as the runtime's inference client makes it (``connect_socket``)."""
     import zmq  # noqa: PLC0415
 
+    from arli.transport.zmq_io import connect_socket  # noqa: PLC0415
+
+    return connect_socket(zmq.Context.instance(), zmq.DEALER, f"tcp://127.0.0.1:{port}")
+
+
+def measure_ours(port: int, requests: int, warmup: int, compute_ms: float) -> np.ndarray:
+    from arli.transport.codec import decode, encode_frames  # noqa: PLC0415
+
     obs = observation()
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(f"tcp://127.0.0.1:{port}")
+    sock = _client(port)
     out = []
     for i in tqdm(range(warmup + requests), desc="ours (zmq)", unit="req", leave=False, mininterval=1.0):
         start = time.perf_counter()
         images = {"front": obs["observation.images.front"], "wrist": obs["observation.images.wrist"]}
         sock.send_multipart(encode_frames("infer", request_id=i, t0=i, capture_ts=start,
-                                          state=obs["observation.state"], images=images, delay_steps=0),
-                            copy=False)
+                                          state=obs["observation.state"], images=images, delay_steps=0))
         while not sock.poll(0):  # spin for the reply, as the runtime does near a control tick
             pass
-        msg = decode([f.buffer for f in sock.recv_multipart(copy=False)])
+        msg = decode(sock.recv_multipart())  # small reply: copying beats zero-copy frames
         assert msg.kind == "chunk" and msg["actions"].shape == (50, 7)
         if i >= warmup:
             out.append(time.perf_counter() - start)
@@ -80,23 +85,19 @@ def measure_ours(port: int, requests: int, warmup: int, compute_ms: float) -> np
 
 
 def measure_floor(port: int, requests: int, warmup: int, compute_ms: float) -> np.ndarray:
-    """Raw pyzmq echo of the same bytes (no codec, no schema, no policy plumbing): what this
-    machine's loopback + ZeroMQ cost before any of our code runs."""
-    import zmq  # noqa: PLC0415
-
+    """Raw pyzmq echo of the same bytes over the same sockets (no codec, no schema, no policy
+    plumbing): what this machine's loopback + ZeroMQ cost before any of our code runs."""
     obs = observation()
     payload = [b"x" * 120, memoryview(obs["observation.images.front"]).cast("B"),
                memoryview(obs["observation.images.wrist"]).cast("B")]
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(f"tcp://127.0.0.1:{port}")
+    sock = _client(port)
     out = []
     for i in range(warmup + requests):
         start = time.perf_counter()
-        sock.send_multipart(payload, copy=False)
+        sock.send_multipart(payload)
         while not sock.poll(0):
             pass
-        sock.recv_multipart(copy=False)
+        sock.recv_multipart()
         if i >= warmup:
             out.append(time.perf_counter() - start)
     sock.close()

@@ -119,7 +119,7 @@ class RemoteInference:
         if request.guidance is not None:
             fields["guidance"] = np.asarray(request.guidance, np.float32)
         try:
-            self.sock.send_multipart(encode_frames("infer", **fields), zmq.NOBLOCK, copy=False)
+            self.sock.send_multipart(encode_frames("infer", **fields), zmq.NOBLOCK)
         except zmq.Again:  # no connected server (IMMEDIATE): the caller holds and retries
             return False
         self._sent[request.request_id] = (float(obs.timestamp), time.perf_counter())
