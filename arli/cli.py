@@ -47,6 +47,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                        "multi-process sim run (2 actors, 1 learner) vs in-process run, same config"),
     "bench interventions": ("bench_interventions", "arli.bench.interventions:main",
                             "hil finetuning: intervention rate per window of episodes as the residual learns"),
+    "bench anchor-start": ("bench_anchor_start", "arli.bench.anchor_start:main",
+                           "the anchor-pretrained start's success vs pretraining lr and updates"),
     "bench sim": ("bench_sim", "arli.bench.sim:main",
                   "control steps/s of our default task vs robosuite Lift"),
 }

@@ -643,3 +643,40 @@ def validate_bench_interventions(cfg: BenchInterventionsConfig) -> None:
 
 
 SCHEMAS["bench_interventions"] = (BenchInterventionsConfig, validate_bench_interventions)
+
+
+@dataclass
+class BenchAnchorStartConfig:
+    """``arli bench anchor-start``: the anchor-pretrained start's success (no online step)
+    against the pretraining's learning rate and number of updates."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    checkpoint: str = "checkpoints/base_${env.name}"
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)  # the base, if it must be trained
+    run: RunSpec = field(default_factory=RunSpec)  # anchor data and learner settings
+    delay_steps: list[int] = field(default_factory=lambda: [0, 4])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    pretrain_lrs: list[float] = field(default_factory=lambda: [1e-3, 1e-4])
+    updates: list[int] = field(default_factory=lambda: [0, 500, 1000, 2000, 4000])
+    eval_episodes: int = 100  # per point, on the latency sweep's evaluation seeds
+    workers: int = 2  # (delay, seed) pairs run in parallel processes
+    json: bool = False
+    report_dir: str = "reports"
+
+
+def validate_bench_anchor_start(cfg: BenchAnchorStartConfig) -> None:
+    validate_env(cfg.env)
+    validate_pretrain(cfg.pretrain)
+    validate_run(cfg.run)
+    _require(len(cfg.seeds) >= 1, "seeds", "a non-empty list", cfg.seeds)
+    _require(len(cfg.delay_steps) >= 1 and all(d >= 0 for d in cfg.delay_steps), "delay_steps",
+             "a non-empty list of integers >= 0", cfg.delay_steps)
+    _require(len(cfg.pretrain_lrs) >= 1 and all(lr > 0 for lr in cfg.pretrain_lrs), "pretrain_lrs",
+             "a non-empty list of learning rates > 0", cfg.pretrain_lrs)
+    _require(len(cfg.updates) >= 1 and all(u >= 0 for u in cfg.updates), "updates",
+             "a non-empty list of update counts >= 0", cfg.updates)
+    _require(cfg.eval_episodes >= 1, "eval_episodes", ">= 1", cfg.eval_episodes)
+    _require(cfg.workers >= 1, "workers", ">= 1", cfg.workers)
+
+
+SCHEMAS["bench_anchor_start"] = (BenchAnchorStartConfig, validate_bench_anchor_start)

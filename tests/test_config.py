@@ -33,6 +33,8 @@ def test_defaults_and_overrides():
     ("finetune", "intervention.max_steps=-1", "intervention.max_steps"),
     ("bench_latency_sweep", "variants=[arli,magic]", "variants"),
     ("bench_learner", "threads=0", "threads"),
+    ("bench_anchor_start", "pretrain_lrs=[0.001,0]", "pretrain_lrs"),
+    ("bench_anchor_start", "updates=[]", "updates"),
     ("actor", "robot=ur5", "robot"),
     ("actor", "device=joystick", "device"),
     ("actor", "franka.max_step_pos=0.2", "franka.max_step_pos"),

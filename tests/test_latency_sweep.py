@@ -51,7 +51,14 @@ def test_latency_sweep_cells_cache_and_report(tmp_path):
     by_variant = {r["variant"]: r for r in rows}
     assert "arli/rl/learner.py" in by_variant["arli"]["sources"]
     assert "arli/finetune.py" in by_variant["arli"]["sources"]
-    assert not any(f.startswith(("arli/bench/", "arli/commands/", ".venv")) for f in by_variant["arli"]["sources"])
+    assert not any(f.startswith(("arli/bench/", "arli/commands/", "arli/config.py", ".venv"))
+                   for f in by_variant["arli"]["sources"])
+    # the command schemas reach a cell only through the fingerprinted settings: a row that
+    # recorded arli/config.py (older sweeps did) stays valid after the schema file changes
+    schema_edit = [{**r, "sources": {**r["sources"], "arli/config.py": "0" * 16}} for r in rows]
+    (tmp_path / "schema.jsonl").write_text("".join(json.dumps(r) + "\n" for r in schema_edit))
+    kept = _sweep(tmp_path, "report_only=true", cache="schema.jsonl")
+    assert kept["cells"] == out["cells"]
     edited = [{**r, "sources": {**r["sources"], "arli/rl/learner.py": "0" * 16}}
               if r["variant"] == "arli" else r for r in rows]
     (tmp_path / "stale.jsonl").write_text("".join(json.dumps(r) + "\n" for r in edited))

@@ -229,7 +229,9 @@ def checkpoint_digest(path: str) -> str:
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CODE_PACKAGES = ("arli/", "sim_envs/", "robot_drivers/")
-REPORT_ONLY_SOURCES = ("arli/cli.py", "arli/commands/", "arli/bench/")  # cannot change a cell's result
+# cannot change a cell's result: the CLI, reports, and the command schemas (``arli/config.py``:
+# the values it gives reach a cell only through the settings the fingerprint hashes)
+REPORT_ONLY_SOURCES = ("arli/cli.py", "arli/commands/", "arli/bench/", "arli/config.py")
 
 
 def _file_digest(rel: str) -> str | None:
@@ -272,7 +274,8 @@ def init_worker() -> None:
 def sources_unchanged(sources: dict[str, str] | None) -> bool:
     """True when every file a cached cell ran still has the content it had (a row without
     the list, from an older sweep, is stale)."""
-    return bool(sources) and all(_file_digest(rel) == digest for rel, digest in sources.items())
+    return bool(sources) and all(_file_digest(rel) == digest for rel, digest in sources.items()
+                                 if not rel.startswith(REPORT_ONLY_SOURCES))
 
 
 def cell_settings(cfg: LatencySweepConfig) -> dict:
