@@ -161,9 +161,12 @@ def main(cfg: BenchTransportConfig) -> int:
              if cfg.stub_compute == "wait" else "spinning a core")
           + ") returning a 50 x 7 chunk; observation two 224 x 224 x 3 uint8 images + an 8-d state. "
           "Overhead = client round trip - stub compute. Our client spins on the socket for the reply (the "
-          "runtime does the same near a control tick); LeRobot's client makes its two blocking gRPC calls.", "",
+          "runtime does the same near a control tick); LeRobot's client makes its two blocking gRPC calls. "
+          "Our sockets (and the floor's) have 4 MiB kernel buffers (`arli.transport.zmq_io`) and send the "
+          "image frames with one copy.", "",
           "| path | p50 (ms) | p99 (ms) |", "|---|---:|---:|",
-          f"| floor: raw pyzmq echo of the same bytes (no codec, no policy plumbing) | {floor['floor_p50_ms']:.3f} | "
+          f"| floor: raw pyzmq echo of the same bytes over the same sockets (no codec, no policy plumbing) | "
+          f"{floor['floor_p50_ms']:.3f} | "
           f"{floor['floor_p99_ms']:.3f} |",
           f"| ours: ZeroMQ DEALER/ROUTER, msgpack + raw numpy | {result['ours_p50_ms']:.3f} | {result['ours_p99_ms']:.3f} |",
           f"| LeRobot 0.4.4 async inference: gRPC, pickle, `SendObservations` + `GetActions` | "
