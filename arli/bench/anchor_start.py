@@ -109,7 +109,7 @@ def markdown(points: list[dict], cfg: BenchAnchorStartConfig) -> list[str]:
     lines = ["# Anchor-pretrained start: success vs pretraining learning rate and updates", "",
              f"`arli bench anchor-start env={cfg.env.name} 'delay_steps={list(cfg.delay_steps)}' "
              f"'seeds={list(cfg.seeds)}' 'pretrain_lrs={list(cfg.pretrain_lrs)}' 'updates={list(cfg.updates)}' "
-             f"eval_episodes={cfg.eval_episodes}` — base `{cfg.checkpoint}`, {cfg.run.anchor_episodes} "
+             f"eval_episodes={cfg.eval_episodes} workers={cfg.workers}` — base `{cfg.checkpoint}`, {cfg.run.anchor_episodes} "
              f"demonstration episodes as anchor data, batch {cfg.run.learner.batch_size}, residual scale "
              f"{cfg.run.learner.residual_scale}. Each point: pretraining from the zero residual, then "
              f"{cfg.eval_episodes} evaluation episodes per seed (the latency sweep's seeds); mean ± std over "
