@@ -37,7 +37,7 @@ def q_vs_return(learner: ResidualLearner, trace: list[list[tuple]], gamma: float
     return {"q_mean": float(q.mean()), "return_mean": float(np.mean(returns))}
 
 
-CHECKPOINT_FORMAT = 2  # 2: states with episode progress, replay rows with a source
+CHECKPOINT_FORMAT = 3  # 2: states with episode progress, replay rows with a source; 3: the learner's start actor
 TRAIN_SEED_BASE = 100_000  # training episodes never reuse demo (0..) or evaluation (10_000..) seeds
 
 

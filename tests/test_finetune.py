@@ -175,3 +175,15 @@ def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
         ft.train(400, progress=False, checkpoint_dir=str(ckpt))
     assert (ckpt / "trainer_state.pt").read_bytes() == saved
     _finetuner().load(str(ckpt))  # and it still loads
+
+
+def test_default_run_dirs_of_runs_started_in_the_same_second_differ(tmp_path, monkeypatch):
+    """Two runs started in the same second once shared a directory and one crashed renaming
+    the other's checkpoint; each now creates its own."""
+    from arli.commands.finetune import new_run_dir
+
+    monkeypatch.setattr("time.strftime", lambda fmt: "20261130_120000")
+    prefix = str(tmp_path / "finetune_peg_insert_arli_d4")
+    dirs = [new_run_dir(prefix) for _ in range(3)]
+    assert dirs == [f"{prefix}_20261130_120000", f"{prefix}_20261130_120000_2", f"{prefix}_20261130_120000_3"]
+    assert all(os.path.isdir(d) for d in dirs)

@@ -287,16 +287,55 @@ def test_actor_q_gradient_moves_the_residual_uphill():
     assert gap() < 0.3 * before
 
 
-def test_q_filter_keeps_bc_only_where_the_anchor_is_better():
-    """Anchor actions at s1 are worse than zero (far from C): the filter drops their BC pull."""
-    buf = _toy_mdp()
+def _bad_anchor(rng):
+    """Anchor rows at s1 whose action (-0.9, 0.9) is far from the best C."""
     anchor = ReplayBuffer(4096, D, M)
-    rng = np.random.default_rng(5)
     for _ in range(512):
         s1 = np.append(rng.normal(size=D - 1), 1.0)
         bad = np.array([-0.9, 0.9])
         anchor.add({"state": s1, "base": np.zeros(M), "action": bad, "ret": _q1(bad), "next_state": s1,
                     "next_base": np.zeros(M), "discount": 0.0, "source": DEMO})
+    return anchor
+
+
+def test_awr_follows_the_advantage_and_anchor_and_start_weights_hold_it():
+    """actor_update=awr (the default): with the anchor rows' weight at 0, regression onto the
+    online rows' uniformly random actions, weighted by exp(A / T), walks the executed action at
+    s1 to the critic's argmax C; with q_weight = 0 (the BC control) the same update walks it to
+    the anchor's bad action instead; with start_weight > 0 after anchor pretraining onto the
+    bad action, the trust region keeps the actor near that start."""
+    buf, anchor = _toy_mdp(), _bad_anchor(np.random.default_rng(5))
+    ctx = np.random.default_rng(3).normal(size=(100, D - 1)).astype(np.float32)
+    s1 = torch.from_numpy(np.c_[ctx, np.ones(100)].astype(np.float32))
+
+    def executed(learner):
+        with torch.no_grad():
+            return compose_action(torch.zeros(100, M), learner.actor(s1), 1.0).mean(0).numpy()
+
+    common = dict(critic_warmup_updates=1500, actor_lr=1e-3, residual_scale=1.0, policy_delay=1,
+                  anchor_ratio=0.5, actor_update="awr", awr_temperature=0.05)
+    rl = _toy_learner(q_weight=1.0, anchor_weight=0.0, **common)
+    bc = _toy_learner(q_weight=0.0, anchor_weight=1.0, **common)
+    # trust region: pretrained onto the bad anchor action, then held there against the pull
+    held = _toy_learner(q_weight=1.0, anchor_weight=0.0, start_weight=10.0, pretrain_lr=1e-3, **common)
+    held.pretrain_actor(anchor, 1000)
+    bad = np.array([-0.9, 0.9])
+    assert np.linalg.norm(executed(held) - bad) < 0.15
+    weight_online = {}
+    for name, learner in (("rl", rl), ("bc", bc), ("held", held)):
+        for _ in range(2500):
+            weight_online[name] = learner.update(buf, anchor).get("weight_online")
+    assert np.linalg.norm(executed(rl) - C) < 0.15  # started 0.36 away, at 0
+    # anchor_weight = 0: anchor rows carry no weight at all; the control: only anchor rows do
+    assert weight_online == {"rl": 1.0, "bc": 0.0, "held": 1.0}
+    assert np.linalg.norm(executed(bc) - bad) < 0.15
+    # the same pull as rl's, but the start term keeps it within a quarter of the way to C
+    assert np.linalg.norm(executed(held) - bad) < 0.25 * np.linalg.norm(bad - C)
+
+
+def test_q_filter_keeps_bc_only_where_the_anchor_is_better():
+    """Anchor actions at s1 are worse than zero (far from C): the filter drops their BC pull."""
+    buf, anchor = _toy_mdp(), _bad_anchor(np.random.default_rng(5))
     learner = _toy_learner(critic_warmup_updates=1500, anchor_ratio=0.5, q_weight=1.0, anchor_weight=1.0,
                            q_filter=True, policy_delay=1, actor_update="dpg")
     for _ in range(1500):

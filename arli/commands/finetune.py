@@ -63,6 +63,19 @@ def make_finetuner(cfg: FinetuneConfig, image_size: int = 0):
     return Finetuner(cfg, env, base, EXPERTS.get(name), latency, mean, std), name, delay
 
 
+def new_run_dir(prefix: str) -> str:
+    """Create and return ``<prefix>_<YYYYmmdd_HHMMSS>``, suffixed ``_2``, ``_3``, ... when a run
+    started in the same second already owns it (two runs must never share checkpoints)."""
+    stem, n = f"{prefix}_{time.strftime('%Y%m%d_%H%M%S')}", 1
+    while True:
+        path = stem if n == 1 else f"{stem}_{n}"
+        try:
+            os.makedirs(path)  # atomic: exactly one process creates each name
+            return path
+        except FileExistsError:
+            n += 1
+
+
 def main(cfg: FinetuneConfig) -> int:
     from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
 
@@ -70,8 +83,7 @@ def main(cfg: FinetuneConfig) -> int:
 
     start = time.time()
     ft, name, delay = make_finetuner(cfg)
-    run_dir = cfg.output_dir or os.path.join(
-        "outputs", f"finetune_{name}_{cfg.variant}_d{delay}_{time.strftime('%Y%m%d_%H%M%S')}")
+    run_dir = cfg.output_dir or new_run_dir(os.path.join("outputs", f"finetune_{name}_{cfg.variant}_d{delay}"))
     os.makedirs(run_dir, exist_ok=True)
     OmegaConf.save(OmegaConf.structured(cfg), os.path.join(run_dir, "config.yaml"))
 

@@ -56,6 +56,11 @@ class LearnerConfig:
     # awr: weight exp(q_weight * advantage / awr_temperature), clipped
     awr_temperature: float = 0.05
     awr_max_weight: float = 20.0
+    # trust region to the start: + start_weight * mean_B ||r(s) - r_start(s)||^2 on every row,
+    # r_start the frozen anchor-pretrained actor (the zero residual, i.e. the base, without
+    # pretraining). Unlike continued BC on the anchor rows, it holds the start without fitting
+    # the 60 demonstrations any further (reports/learner_tuning.md)
+    start_weight: float = 0.0
     critic_warmup_updates: int = 2000  # critic-only updates before the actor moves
     pretrain_updates: int = 2000  # BC of the actor on anchor replay before online RL
     # 1e-4, not 1e-3: at 1e-3 the anchor-pretrained start swung between 0.42 and 0.86 success
@@ -87,6 +92,7 @@ class LearnerConfig:
             "learner.exploration_std": (self.exploration_std >= 0, ">= 0"),
             "learner.q_weight": (self.q_weight >= 0, ">= 0"),
             "learner.anchor_weight": (self.anchor_weight >= 0, ">= 0"),
+            "learner.start_weight": (self.start_weight >= 0, ">= 0"),
             "learner.utd": (self.utd >= 1, ">= 1"),
             "learner.policy_delay": (self.policy_delay >= 1, ">= 1"),
             "learner.critic_warmup_updates": (self.critic_warmup_updates >= 0, ">= 0"),

@@ -4,18 +4,22 @@ Critic: E LayerNorm heads trained on mixed batches (online + anchor rows); targe
 ``R_n + discount * min over a random subset of target heads`` at
 ``(s', clip(b' + scale * (pi_targ(s') + clipped noise)))``, clipped to the reachable return
 range [q_min, q_max] (sparse success reward, episodes end on success).
-Actor (every ``policy_delay`` updates, after ``critic_warmup_updates`` critic-only ones):
 
-    loss = -q_weight * mean_B Q(s, pi(s)) / mean_B |Q(s, pi(s))|        (the critic drives)
-           + anchor_weight * mean_anchor w * ||a_pi - a_anchor||^2       (the anchor keeps)
+Actor (every ``policy_delay`` updates, after ``critic_warmup_updates`` critic-only ones), in
+residual units r in [-1, 1]^m; ``actor_update`` picks how the critic drives it:
 
-where Q is the mean over heads and ``w`` is 1, or with ``q_filter`` 1 only on anchor rows
-whose action the critic values above the actor's (Q-filter). The Q term is unit-scaled as in
-TD3+BC, so ``q_weight`` keeps its meaning as values grow. ``q_weight=0, q_filter=False`` is
-the behaviour-cloning control.
+* ``awr`` (default): advantage-weighted regression onto the batch's own residuals,
+  weight exp(q_weight * A / awr_temperature), A = TD target - Q(s, pi(s)); anchor rows count
+  ``anchor_weight`` times (``q_weight=0``: plain BC on anchor rows, the control);
+* ``dpg``: -q_weight * Q(s, pi(s)) / mean|Q| + anchor_weight * Q-filtered BC (TD3+BC-style);
+* ``select``: regression onto the highest-Q of nearby candidates (PA-RL/EXPO-style).
+
+Every variant adds the trust region ``start_weight * ||r(s) - r_start(s)||^2``, r_start the
+frozen actor RL started from (0 = off).
 
 Anchor pretraining (``pretrain_actor``): before any online step the actor is behaviour-cloned
-onto anchor replay, so RL starts from the anchored policy (the ``anchor_only`` control).
+onto anchor replay, so RL starts from the anchored policy (the ``anchor_only`` control), and
+that policy becomes r_start.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class ResidualLearner:
         self.actor = ResidualActor(state_dim, action_dim, cfg.hidden)
         self.critic = EnsembleCritic(state_dim, action_dim, cfg.critic_heads, cfg.critic_hidden)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
+        self.actor_start = copy.deepcopy(self.actor).requires_grad_(False)  # the trust region's centre
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         # every network's parameters are views of one flat buffer: Adam, zeroing and Polyak
         # are then a few whole-buffer operations instead of a loop over tensors (flat_adam.py)
@@ -169,6 +174,7 @@ class ResidualLearner:
         loss = loss + cfg.anchor_weight * bc
         if cfg.q_weight > 0:
             loss = loss - cfg.q_weight * (q_pi / q_pi.abs().mean().detach().clamp(min=1e-3)).mean()
+        loss = loss + self._start_term(b["state"], r)
         if not torch.isfinite(loss):
             raise LearnerDiverged(f"actor loss is not finite at update {self.updates}")
         self.actor_opt.zero_grad()
@@ -200,9 +206,12 @@ class ResidualLearner:
                 weight = torch.exp(cfg.q_weight * advantage / cfg.awr_temperature).clamp(max=cfg.awr_max_weight)
         else:
             advantage, weight = torch.zeros_like(target), b["is_anchor"]
+        # anchor_weight scales the anchor rows' share of the regression: 0 = after
+        # pretraining the actor regresses only onto its own advantage-weighted online rows
+        weight = weight * (1 - b["is_anchor"] + cfg.anchor_weight * b["is_anchor"])
         stats = {"advantage": advantage.mean().item(),
                  "weight_online": (weight * (1 - b["is_anchor"])).sum().item() / weight.sum().clamp(min=1e-6).item()}
-        return self._regress(r, r_data, weight, stats, diagnostics)
+        return self._regress(r, r_data, weight, stats, diagnostics, b["state"])
 
     def _select_step(self, b: dict[str, torch.Tensor], diagnostics: bool) -> dict[str, float]:
         """Critic-selected regression (PA-RL / EXPO-style): the target of every row is the
@@ -221,12 +230,23 @@ class ResidualLearner:
         else:
             target, weight = r_data, b["is_anchor"]
         stats = {"moved_to_data": ((target - r_data).abs().sum(-1) < 1e-6).float().mean().item()}
-        return self._regress(r, target, weight, stats, diagnostics)
+        return self._regress(r, target, weight, stats, diagnostics, b["state"])
+
+    def _start_term(self, state: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        """Trust region: start_weight * mean_B ||r - r_start(s)||^2 for states (B, D) and the
+        actor's residuals r (B, m); zero when start_weight is 0."""
+        if self.cfg.start_weight == 0:
+            return torch.zeros(())
+        with torch.no_grad():
+            r_start = self.actor_start(state)
+        return self.cfg.start_weight * ((r - r_start) ** 2).sum(-1).mean()
 
     def _regress(self, r: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, stats: dict[str, float],
-                 diagnostics: bool) -> dict[str, float]:
-        """One actor step on the weighted regression of r (B, m) onto target (B, m), weight (B,)."""
+                 diagnostics: bool, state: torch.Tensor) -> dict[str, float]:
+        """One actor step on the weighted regression of r (B, m) onto target (B, m), weight (B,),
+        plus the trust region to the start at ``state`` (B, D)."""
         loss = (((r - target) ** 2).sum(-1) * weight).sum() / weight.sum().clamp(min=1.0)
+        loss = loss + self._start_term(state, r)
         if not torch.isfinite(loss):
             raise LearnerDiverged(f"actor loss is not finite at update {self.updates}")
         self.actor_opt.zero_grad()
@@ -255,6 +275,7 @@ class ResidualLearner:
             loss.backward()
             opt.step()
         self.actor_target.load_state_dict(self.actor.state_dict())
+        self.actor_start.load_state_dict(self.actor.state_dict())
         return float(loss.item())
 
     @torch.no_grad()
@@ -266,13 +287,13 @@ class ResidualLearner:
     # -- checkpoints ---------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"actor": self.actor.state_dict(), "critic": self.critic.state_dict(),
-                "actor_target": self.actor_target.state_dict(),
+                "actor_target": self.actor_target.state_dict(), "actor_start": self.actor_start.state_dict(),
                 "critic_target": self.critic_target.state_dict(),
                 "actor_opt": self.actor_opt.state_dict(), "critic_opt": self.critic_opt.state_dict(),
                 "generator": self.generator.get_state(), "updates": self.updates}
 
     def load_state_dict(self, state: dict) -> None:
-        for name in ("actor", "critic", "actor_target", "critic_target", "actor_opt", "critic_opt"):
+        for name in ("actor", "critic", "actor_target", "actor_start", "critic_target", "actor_opt", "critic_opt"):
             getattr(self, name).load_state_dict(state[name])
         self.generator.set_state(state["generator"])
         self.updates = int(state["updates"])
