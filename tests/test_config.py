@@ -50,6 +50,13 @@ def test_bad_values_name_the_field(command, override, field):
         compose(command, [override])
 
 
+def test_an_actor_loss_with_no_term_is_rejected():
+    """q_weight = 0 and anchor_weight = 0: nothing would move the actor; refused at start-up."""
+    with pytest.raises(ConfigError, match=r"learner\.anchor_weight: expected > 0 when learner\.q_weight is 0"):
+        compose("finetune", ["learner.q_weight=0", "learner.anchor_weight=0"])
+    compose("finetune", ["learner.q_weight=0"])  # the BC control stays valid
+
+
 def test_unknown_key_is_rejected():
     with pytest.raises(ConfigError, match="episodez"):
         compose("rollout", ["episodez=3"])

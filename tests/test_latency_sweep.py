@@ -83,3 +83,18 @@ def test_ideal_reference_reuses_standard_at_zero_delay():
     agg = {(c["variant"], c["delay_steps"]): c for c in aggregate(rows, cfg)}
     assert agg[(IDEAL, 0)]["success_mean"] == agg[("standard", 0)]["success_mean"] == 0.15
     assert agg[(IDEAL, 0)]["seeds"] == 2
+
+
+def test_report_command_names_every_non_default_setting_it_needs_to_reproduce():
+    """The command a report prints must rerun the same cells: a non-default base checkpoint
+    (the seeded-base sweep once printed a command that ran on another base) and learner
+    overrides appear; defaults do not."""
+    from arli.bench.latency_sweep import non_default_settings
+    from arli.cli import compose
+
+    plain = compose("bench_latency_sweep", ["env=peg_insert"])
+    assert non_default_settings(plain) == []
+    cfg = compose("bench_latency_sweep", ["env=peg_insert", "checkpoint=checkpoints/base_peg_insert_seeded",
+                                          "run.learner.start_weight=1.0", "variants=[arli,anchor_only]"])
+    assert non_default_settings(cfg) == ["checkpoint=checkpoints/base_peg_insert_seeded",
+                                         "run.learner.start_weight=1.0", "'variants=[arli,anchor_only]'"]

@@ -334,7 +334,8 @@ def non_default_settings(cfg: LatencySweepConfig) -> list[str]:
         return out
 
     now, default = flat(asdict(cfg.run), "run."), flat(asdict(RunSpec()), "run.")
-    out = [f"{k}={v}" for k, v in now.items() if v != default[k]]
+    out = [f"checkpoint={cfg.checkpoint}"] if cfg.checkpoint != f"checkpoints/base_{cfg.env.name}" else []
+    out += [f"{k}={v}" for k, v in now.items() if v != default[k]]
     if list(cfg.variants) != list(SWEEP_VARIANTS):
         out.append(f"'variants=[{','.join(cfg.variants)}]'")
     return out

@@ -93,6 +93,7 @@ class LearnerConfig:
             "learner.q_weight": (self.q_weight >= 0, ">= 0"),
             "learner.anchor_weight": (self.anchor_weight >= 0, ">= 0"),
             "learner.start_weight": (self.start_weight >= 0, ">= 0"),
+
             "learner.utd": (self.utd >= 1, ">= 1"),
             "learner.policy_delay": (self.policy_delay >= 1, ">= 1"),
             "learner.critic_warmup_updates": (self.critic_warmup_updates >= 0, ">= 0"),
@@ -107,6 +108,9 @@ class LearnerConfig:
             "learner.max_abs_q": (self.max_abs_q > 0, "> 0"),
         }
         raise_bad(self, checks)
+        if self.q_weight == 0 and self.anchor_weight == 0:  # no term of the actor's loss pulls anywhere
+            raise ValueError("learner.anchor_weight: expected > 0 when learner.q_weight is 0 (the actor would "
+                             "learn nothing), got 0.0; set one of them > 0")
 
 
 def raise_bad(obj, checks: dict[str, tuple[bool, str]]) -> None:

@@ -12,7 +12,8 @@ residual units r in [-1, 1]^m; ``actor_update`` picks how the critic drives it:
   weight exp(q_weight * A / awr_temperature), A = TD target - Q(s, pi(s)); anchor rows count
   ``anchor_weight`` times (``q_weight=0``: plain BC on anchor rows, the control);
 * ``dpg``: -q_weight * Q(s, pi(s)) / mean|Q| + anchor_weight * Q-filtered BC (TD3+BC-style);
-* ``select``: regression onto the highest-Q of nearby candidates (PA-RL/EXPO-style).
+* ``select``: regression onto the highest-Q of nearby candidates (PA-RL/EXPO-style), anchor
+  rows counting ``anchor_weight`` times as in ``awr``.
 
 Every variant adds the trust region ``start_weight * ||r(s) - r_start(s)||^2``, r_start the
 frozen actor RL started from (0 = off).
@@ -206,12 +207,7 @@ class ResidualLearner:
                 weight = torch.exp(cfg.q_weight * advantage / cfg.awr_temperature).clamp(max=cfg.awr_max_weight)
         else:
             advantage, weight = torch.zeros_like(target), b["is_anchor"]
-        # anchor_weight scales the anchor rows' share of the regression: 0 = after
-        # pretraining the actor regresses only onto its own advantage-weighted online rows
-        weight = weight * (1 - b["is_anchor"] + cfg.anchor_weight * b["is_anchor"])
-        stats = {"advantage": advantage.mean().item(),
-                 "weight_online": (weight * (1 - b["is_anchor"])).sum().item() / weight.sum().clamp(min=1e-6).item()}
-        return self._regress(r, r_data, weight, stats, diagnostics, b["state"])
+        return self._regress(b, r, r_data, weight, {"advantage": advantage.mean().item()}, diagnostics)
 
     def _select_step(self, b: dict[str, torch.Tensor], diagnostics: bool) -> dict[str, float]:
         """Critic-selected regression (PA-RL / EXPO-style): the target of every row is the
@@ -230,7 +226,7 @@ class ResidualLearner:
         else:
             target, weight = r_data, b["is_anchor"]
         stats = {"moved_to_data": ((target - r_data).abs().sum(-1) < 1e-6).float().mean().item()}
-        return self._regress(r, target, weight, stats, diagnostics, b["state"])
+        return self._regress(b, r, target, weight, stats, diagnostics)
 
     def _start_term(self, state: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
         """Trust region: start_weight * mean_B ||r - r_start(s)||^2 for states (B, D) and the
@@ -241,12 +237,15 @@ class ResidualLearner:
             r_start = self.actor_start(state)
         return self.cfg.start_weight * ((r - r_start) ** 2).sum(-1).mean()
 
-    def _regress(self, r: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, stats: dict[str, float],
-                 diagnostics: bool, state: torch.Tensor) -> dict[str, float]:
+    def _regress(self, b: dict[str, torch.Tensor], r: torch.Tensor, target: torch.Tensor, weight: torch.Tensor,
+                 stats: dict[str, float], diagnostics: bool) -> dict[str, float]:
         """One actor step on the weighted regression of r (B, m) onto target (B, m), weight (B,),
-        plus the trust region to the start at ``state`` (B, D)."""
+        plus the trust region to the start at the batch's states. Anchor rows count
+        ``anchor_weight`` times (0: after pretraining, only online rows are regressed onto)."""
+        weight = weight * (1 - b["is_anchor"] + self.cfg.anchor_weight * b["is_anchor"])
+        stats["weight_online"] = ((weight * (1 - b["is_anchor"])).sum() / weight.sum().clamp(min=1e-6)).item()
         loss = (((r - target) ** 2).sum(-1) * weight).sum() / weight.sum().clamp(min=1.0)
-        loss = loss + self._start_term(state, r)
+        loss = loss + self._start_term(b["state"], r)
         if not torch.isfinite(loss):
             raise LearnerDiverged(f"actor loss is not finite at update {self.updates}")
         self.actor_opt.zero_grad()
