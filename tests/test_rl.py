@@ -106,6 +106,38 @@ def test_numpy_acting_matches_the_torch_actor():
     assert np.all(edge <= 1.0)
 
 
+def _exploration_episodes(acting, episodes: int, length: int) -> np.ndarray:
+    """Executed actions (episodes, length, M) of an acting object whose residual is zero
+    (base 0, residual scale 1: the action is the exploration noise itself)."""
+    s, b = np.zeros(D, np.float32), np.zeros(M, np.float32)
+    out = []
+    for _ in range(episodes):
+        acting.begin_episode()
+        out.append([acting.act(s, b, explore=True) for _ in range(length)])
+    return np.asarray(out)
+
+
+def _lag1(x: np.ndarray) -> float:
+    """Lag-1 autocorrelation within episodes of x (episodes, length, M)."""
+    return float(np.corrcoef(x[:, 1:].ravel(), x[:, :-1].ravel())[0, 1])
+
+
+@pytest.mark.parametrize("rho", [0.0, 0.9])
+def test_exploration_noise_is_ar1_within_an_episode_on_both_acting_paths(rho):
+    """learner.exploration_corr: the learner's torch acting and the robot's numpy acting draw
+    the same process: marginal std exploration_std, lag-1 correlation rho inside an episode,
+    and none across the episode boundary (begin_episode restarts it)."""
+    cfg = LearnerConfig(residual_scale=1.0, exploration_std=0.2, exploration_corr=rho)
+    learner = ResidualLearner(cfg, D, M, seed=0)  # zero-initialised residual: r(s) = 0
+    arrays = {k: v.detach().numpy() for k, v in learner.actor.state_dict().items()}
+    for acting in (learner, ResidualActing(cfg, arrays, M, seed=0)):
+        x = _exploration_episodes(acting, episodes=150, length=40)
+        assert abs(x.std() - 0.2) < 0.02, type(acting)
+        assert abs(_lag1(x) - rho) < 0.06, (type(acting), _lag1(x))
+        across = np.corrcoef(x[1:, 0].ravel(), x[:-1, -1].ravel())[0, 1]  # last step -> next episode's first
+        assert abs(across) < 0.15, (type(acting), across)
+
+
 def test_compose_clips_to_the_action_range():
     out = compose_action(np.array([0.9, -0.9]), np.array([1.0, -1.0]), 0.3)
     np.testing.assert_allclose(out, [1.0, -1.0])

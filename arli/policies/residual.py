@@ -139,7 +139,9 @@ class NumpyResidualActor:
 
 class ResidualActing:
     """What the robot needs of the learner to act: ``act(state, base, explore)`` with the
-    numpy actor, Gaussian exploration on r, a = clip(b + scale * r). ``cfg``: LearnerConfig.
+    numpy actor, Gaussian exploration on r (AR(1)-correlated within an episode when
+    ``cfg.exploration_corr`` > 0, as in the learner), a = clip(b + scale * r). ``cfg``:
+    LearnerConfig.
 
     Exploration noise is drawn in blocks by ``prepare()``, which the runtime calls before the
     tick (``warm``), so a step's critical path holds no random-number generation; clipping
@@ -155,6 +157,11 @@ class ResidualActing:
         self.scale = np.float32(cfg.residual_scale)
         self._noise = np.empty((0, action_dim), np.float32)
         self._next = 0
+        self._last_noise: np.ndarray | None = None  # the exploration process's last value (m,)
+
+    def begin_episode(self) -> None:
+        """Restarts the exploration process (its correlation never spans two episodes)."""
+        self._last_noise = None
 
     def prepare(self) -> None:
         """Draw the next block of exploration noise (NOISE_BLOCK, m) if this one is spent."""
@@ -168,8 +175,14 @@ class ResidualActing:
         r = self.actor(state)
         if explore:
             self.prepare()  # a no-op unless the runtime did not call it before the tick
-            r += self._noise[self._next]
+            noise = self._noise[self._next]
             self._next += 1
+            rho = self.cfg.exploration_corr
+            if rho > 0:
+                if self._last_noise is not None:  # stationary AR(1): marginal std unchanged
+                    noise = np.float32(rho) * self._last_noise + np.float32(math.sqrt(1 - rho * rho)) * noise
+                self._last_noise = noise
+            r += noise
             _clip_unit(r)
         r *= self.scale
         r += base

@@ -122,6 +122,7 @@ class ResidualController(StepController):
         """Before every episode (``run_episode`` calls it): clears the n-step window, draws
         whether the intervener watches this one."""
         self.acc.reset()
+        self.learner.begin_episode()
         self._pending = self._current = None
         self.intervened_episode = False
         if self.trace is not None:

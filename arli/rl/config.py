@@ -29,6 +29,11 @@ class LearnerConfig:
     # critic is still wrong
     residual_scale: float = 0.3
     exploration_std: float = 0.1  # Gaussian noise on r during data collection
+    # temporal correlation of that noise: AR(1) e_t = rho e_{t-1} + sqrt(1 - rho^2) xi_t, reset at
+    # every episode, marginal std exploration_std. 0 = independent per step. Per-step noise
+    # averages out over a few steps and barely changes an episode's outcome; a correlated
+    # drift (rho 0.9: ~10 steps) does, so returns can tell perturbations apart (pink/OU noise)
+    exploration_corr: float = 0.0
     target_noise: float = 0.2  # target policy smoothing (on r)
     target_noise_clip: float = 0.5
     policy_delay: int = 2  # actor / target updates every k critic updates
@@ -90,6 +95,7 @@ class LearnerConfig:
             "learner.anchor_ratio": (0 <= self.anchor_ratio <= 1, "in [0, 1]"),
             "learner.residual_scale": (0 < self.residual_scale <= 2, "in (0, 2]"),
             "learner.exploration_std": (self.exploration_std >= 0, ">= 0"),
+            "learner.exploration_corr": (0 <= self.exploration_corr < 1, "in [0, 1)"),
             "learner.q_weight": (self.q_weight >= 0, ">= 0"),
             "learner.anchor_weight": (self.anchor_weight >= 0, ">= 0"),
             "learner.start_weight": (self.start_weight >= 0, ">= 0"),

@@ -69,6 +69,7 @@ class ResidualLearner:
         self.critic_opt = FlatAdam(self.critic_flat, lr=cfg.critic_lr)
         self.generator = torch.Generator().manual_seed(seed)
         self.updates = 0
+        self._noise: torch.Tensor | None = None  # the exploration process's last value (1, m)
 
     # -- acting --------------------------------------------------------------------------
     def candidates(self, r_pi: torch.Tensor, count: int, std: float) -> torch.Tensor:
@@ -86,6 +87,21 @@ class ResidualLearner:
         q = self.critic(s, a).mean(0).view(K, B)
         return cands.gather(0, q.argmax(0).view(1, B, 1).expand(1, B, m))[0]
 
+    def begin_episode(self) -> None:
+        """Restarts the exploration process (its correlation never spans two episodes)."""
+        self._noise = None
+
+    def exploration_noise(self, shape: torch.Size) -> torch.Tensor:
+        """Next unit-variance exploration sample of ``shape`` (1, m): independent per step, or
+        AR(1) with correlation ``exploration_corr`` within an episode (stationary from its
+        first step, so its marginal std never changes)."""
+        xi = torch.randn(shape, generator=self.generator)
+        rho = self.cfg.exploration_corr
+        if rho > 0 and self._noise is not None:
+            xi = rho * self._noise + (1.0 - rho * rho) ** 0.5 * xi
+        self._noise = xi
+        return xi
+
     @torch.no_grad()
     def act(self, state: np.ndarray, base: np.ndarray, explore: bool) -> np.ndarray:
         """Executed action a (m,) for one state (D,) and base action b (m,).
@@ -100,7 +116,7 @@ class ResidualLearner:
             r = self.best_candidate(s, torch.as_tensor(base, dtype=torch.float32)[None],
                                     self.candidates(r, cfg.gate_candidates, cfg.gate_std))
         if explore:
-            r = r + cfg.exploration_std * torch.randn(r.shape, generator=self.generator)
+            r = r + cfg.exploration_std * self.exploration_noise(r.shape)
         return compose_action(np.asarray(base, np.float32), r[0].clamp(-1.0, 1.0).numpy(), cfg.residual_scale)
 
     @torch.no_grad()
