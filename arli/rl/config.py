@@ -30,9 +30,11 @@ class LearnerConfig:
     residual_scale: float = 0.3
     exploration_std: float = 0.1  # Gaussian noise on r during data collection
     # temporal correlation of that noise: AR(1) e_t = rho e_{t-1} + sqrt(1 - rho^2) xi_t, reset at
-    # every episode, marginal std exploration_std. 0 = independent per step. Per-step noise
-    # averages out over a few steps and barely changes an episode's outcome; a correlated
-    # drift (rho 0.9: ~10 steps) does, so returns can tell perturbations apart (pink/OU noise)
+    # every episode, marginal std exploration_std. 0 = independent per step (the default).
+    # A correlated drift changes outcomes more than per-step noise, but the state then carries
+    # the past noise, E[e_t | s_t] != 0, and any regression onto the data's actions (AWR, the
+    # online rows) learns to continue the drift: measured, it costs 0.11-0.36 success
+    # (reports/learner_tuning.md). Only for updates that do not regress onto online actions
     exploration_corr: float = 0.0
     target_noise: float = 0.2  # target policy smoothing (on r)
     target_noise_clip: float = 0.5
