@@ -44,6 +44,7 @@ def test_defaults_and_overrides():
     ("record", "device=joystick", "device"),
     ("record", "episodes=0", "episodes"),
     ("finetune", "intervention.judged_dims=-1", "intervention.judged_dims"),
+    ("finetune", "learner.exploration_corr=1.0", "learner.exploration_corr"),  # rho 1: a constant, not noise
 ])
 def test_bad_values_name_the_field(command, override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):

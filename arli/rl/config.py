@@ -101,7 +101,6 @@ class LearnerConfig:
             "learner.q_weight": (self.q_weight >= 0, ">= 0"),
             "learner.anchor_weight": (self.anchor_weight >= 0, ">= 0"),
             "learner.start_weight": (self.start_weight >= 0, ">= 0"),
-
             "learner.utd": (self.utd >= 1, ">= 1"),
             "learner.policy_delay": (self.policy_delay >= 1, ">= 1"),
             "learner.critic_warmup_updates": (self.critic_warmup_updates >= 0, ">= 0"),
