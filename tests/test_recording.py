@@ -150,7 +150,7 @@ def test_close_commits_a_partial_batch_and_a_broken_save_refuses_more(tmp_path, 
 def recorded(tmp_path_factory):
     root = tmp_path_factory.mktemp("rec") / "pick"
     out = subprocess.run([sys.executable, "-m", "arli.cli", "record", "env=pick_cube", "checkpoint=expert",
-                          "episodes=3", f"root={root}", "intervention.threshold=0.3", "intervention.patience=1",
+                          "episodes=3", f"root={root}", "delay_steps=4", "intervention.threshold=0.3", "intervention.patience=1",
                           "image_size=32"],
                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr

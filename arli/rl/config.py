@@ -60,8 +60,10 @@ class LearnerConfig:
     # budget the critic does not rank nearby actions reliably (see the tuning report)
     gate_candidates: int = 0
     gate_std: float = 0.3
-    # awr: weight exp(q_weight * advantage / awr_temperature), clipped
-    awr_temperature: float = 0.05
+    # awr: weight exp(q_weight * advantage / awr_temperature), clipped. 0.02, not 0.05: at
+    # d = 8 and 50k steps it lifted the start on 3 of 3 seeds (+0.15 mean), 0.05 by +0.05 on
+    # seed 0 (reports/learner_tuning.md); sweeps before 2026-12-01 ran 0.05
+    awr_temperature: float = 0.02
     awr_max_weight: float = 20.0
     # trust region to the start: + start_weight * mean_B ||r(s) - r_start(s)||^2 on every row,
     # r_start the frozen anchor-pretrained actor (the zero residual, i.e. the base, without
