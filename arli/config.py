@@ -469,8 +469,8 @@ class LearnerServiceConfig(FinetuneConfig):
     """``arli learner``: the finetuning learner as a service for a fleet of actors."""
 
     # the actors' default delay (ActorConfig.planned_delay_steps) and budget, not the main job's
-    delay_steps: int | None = 4
-    env_steps: int = 15_000
+    delay_steps: int | None = ActorConfig.planned_delay_steps
+    env_steps: int = RunSpec.env_steps
     transport: TransportConfig = field(default_factory=TransportConfig)
     publish_every: int = 50  # updates between weight broadcasts
     checkpoint_every_s: float = 10.0

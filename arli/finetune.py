@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from arli.augment import StateBuilder
 from arli.chunking import ChunkScheduler
+from arli.errors import InputError
 from arli.latency import LatencyModel, to_delay_steps
 from arli.rl.collect import Intervention, ResidualController
 from arli.rl.config import InterventionSpec, RunSpec
@@ -213,6 +214,7 @@ class Finetuner:
             "successes": self.successes, "assisted": self.assisted, "intervened_steps": ctl.intervened_steps,
             "episode_log": self.episode_log,
             "takeovers": ctl.takeovers, "format": CHECKPOINT_FORMAT,
+            "max_delay": self.max_delay,  # the residual's state and chunks are those of this delay
         }, state_path + ".tmp")
         save_file({k: v.contiguous() for k, v in self.learner.actor.state_dict().items()},
                   os.path.join(path, "residual_actor.safetensors.tmp"))
@@ -230,6 +232,12 @@ class Finetuner:
             raise ValueError(f"{state_path} was written by an older ARLI (checkpoint format "
                              f"{state.get('format', 1)}, this one reads {CHECKPOINT_FORMAT}: different state "
                              "layout and replay fields); start a new run instead of resuming it")
+        trained = state.get("max_delay", self.max_delay)  # checkpoints before 2026-12-01 did not say
+        if trained != self.max_delay:
+            # checked before anything is loaded: a refused checkpoint leaves this run untouched
+            raise InputError(f"{path} was trained with the scheduler planning d = {trained} control steps; "
+                             f"this run plans d = {self.max_delay}: pass delay_steps={trained} (arli finetune's "
+                             "default is 8 since 2026-12-01, 4 before)")
         self.learner.load_state_dict(state["learner"])
         self.online.load_state_dict(state["online"])
         self.anchor.load_state_dict(state["anchor"])

@@ -116,3 +116,11 @@ def test_every_command_help_prints_its_composed_config(capsys):
     assert main(["finetune", "env=pick_cube", "--help"]) == 0
     assert "name: pick_cube" in capsys.readouterr().out
     assert main(["finetune", "variant=nope", "--help"]) == 2
+
+
+def test_the_main_job_and_the_learner_service_defaults():
+    """`make demo` = `arli finetune` at d = 8, 50k steps, AWR T = 0.02 (the README's main job);
+    a standalone `arli learner` keeps the delay its actors plan for, not the main job's."""
+    ft = compose("finetune", [])
+    assert (ft.delay_steps, ft.env_steps, ft.learner.awr_temperature) == (8, 50_000, 0.02)
+    assert compose("learner", []).delay_steps == compose("actor", []).planned_delay_steps

@@ -55,6 +55,24 @@ def test_checkpoint_resume_continues_identically(tmp_path):
     np.testing.assert_array_equal(a.online.data["ret"], b.online.data["ret"])
 
 
+def test_a_checkpoint_trained_at_another_delay_is_refused_naming_delay_steps(tmp_path):
+    """arli finetune's default delay moved from 4 to 8: resuming (or recording with) a d = 4
+    residual at d = 8 must be refused before anything is loaded, not run silently."""
+    from arli.errors import InputError
+
+    a = _finetuner()  # FixedLatency(0.2) at dt 0.05: d = 4
+    a.prepare()
+    a.save(str(tmp_path / "ckpt"))
+    spec = RunSpec(anchor_episodes=2, seed=0, learner=TINY)
+    b = Finetuner(spec, make_env("pick_cube", max_episode_steps=40), ExpertChunkPolicy("pick_cube", 16),
+                  EXPERTS["pick_cube"], FixedLatency(0.4))  # d = 8
+    before = _params(b).clone()
+    with pytest.raises(InputError, match=r"planning d = 4 .* plans d = 8: pass delay_steps=4"):
+        b.load(str(tmp_path / "ckpt"))
+    torch.testing.assert_close(_params(b), before, rtol=0, atol=0)
+    assert b.controller.env_steps == 0
+
+
 def test_interventions_and_anchor_data_are_routed_to_anchor_replay():
     ft = _finetuner()
     n_anchor = ft.collect_anchor()
