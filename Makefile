@@ -1,4 +1,5 @@
 # Quick start: `make demo` (set up + run the main job), `make test` (set up + run the tests).
+# `make smoke`: the whole finetuning path in about a minute; `make test-fast`: the fast tests.
 PY ?= python3
 VENV := .venv
 STAMP := $(VENV)/.synced
@@ -6,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export MUJOCO_GL ?= egl
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo smoke test test-fast bench clean
 
 $(STAMP): pyproject.toml uv.lock
 	@$(PY) -m uv --version >/dev/null 2>&1 || $(PY) -m pip install --quiet uv
@@ -18,8 +19,17 @@ setup: $(STAMP)
 demo: setup
 	$(VENV)/bin/arli finetune
 
+# the main job's path at a tiny budget on the scripted expert's chunks (no base pretraining)
+smoke: setup
+	$(VENV)/bin/arli finetune env=pick_cube checkpoint=expert env_steps=3000 anchor_episodes=4 \
+		eval_every=1500 eval_episodes=10 final_eval_episodes=20 learn_after=300 \
+		learner.pretrain_updates=200 output_dir=outputs/smoke
+
 test: setup
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider tests
+
+test-fast: setup
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" tests
 
 bench: setup
 	$(VENV)/bin/arli bench sim --json

@@ -16,7 +16,7 @@ Variants (same learner, same data, different state):
   request and lands with the base chunk; its slots run slot-aligned (stale ones skipped by
   the scheduler). Per-step credit: every executed slot is one transition whose state is the
   chunk's decision state + the slot; committed and discarded slots never execute, so they
-  earn nothing (``split_slots``).
+  earn nothing.
 * ``stepwise``: o_t + b_t every step (the latency-free residual; the zero-delay reference).
 
 Every variant also sees the episode progress t / T (T = the episode's step limit): the time
@@ -129,17 +129,3 @@ class StateBuilder:
                                info.index_in_chunk / self.H, float(info.in_flight),
                                info.delay_steps / self.H)
         return out
-
-
-def split_slots(switch_in: int, switch_out: int, chunk_start: int, chunk_size: int) -> dict[str, range]:
-    """Which slots of a chunk were committed / executed / discarded.
-
-    The chunk's slot i belongs to step ``chunk_start + i``; it ran from step ``switch_in``
-    (it landed) to ``switch_out`` (the next chunk landed, exclusive). Slots before
-    ``switch_in`` belonged to steps the previous chunk was committed to; executed slots earn
-    reward and gradient; later slots were discarded at the next switch and earn neither.
-    """
-    first = max(0, switch_in - chunk_start)
-    last = min(chunk_size, max(first, switch_out - chunk_start))
-    return {"committed": range(0, first), "executed": range(first, last),
-            "discarded": range(last, chunk_size)}

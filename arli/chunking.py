@@ -164,7 +164,8 @@ class ChunkScheduler:
                     break
                 tail.append(planned)
             guidance = np.concatenate([prefix, np.stack(tail)]).astype(np.float32) if tail else prefix
-        request = ChunkRequest(self._next_request_id, step, observation, delay_steps, prefix, guidance)
+        request = ChunkRequest(self._next_request_id, step, observation, delay_steps, prefix, guidance,
+                               self.execute_horizon)
         self._next_request_id += 1
         self.in_flight = _InFlight(request, step + delay_steps)
         self.last_request_step = step
@@ -310,7 +311,6 @@ class ChunkScheduler:
             in_flight=flight is not None,
             delay_steps=self.last_delay_steps,
             starved=holding,
-            planned_obs=flight.request.observation if flight is not None else None,
             request_obs=self.last_request_obs,
             chunk_obs=active.observation if slot >= 0 else None,
             chunk_actions=active.actions if slot >= 0 else None,

@@ -15,11 +15,16 @@ from arli.augment import StateBuilder
 from arli.chunking import ChunkScheduler
 from arli.errors import InputError
 from arli.latency import LatencyModel, to_delay_steps
-from arli.rl.collect import Intervention, ResidualController
 from arli.rl.config import InterventionSpec, RunSpec
 from arli.rl.learner import LearnerDiverged, ResidualLearner
-from arli.rl.replay import DEMO, ReplayBuffer
-from arli.rollout import async_horizon, evaluate_policy, gripper_hold, planning_delay, run_episode
+from arli.rl.replay import ReplayBuffer
+from arli.rl.trainer import Trainer
+from arli.rl.transitions import TransitionBuilder
+from arli.rollout import async_horizon, evaluate_policy, gripper_hold, planning_delay, sim_episode
+from arli.runtime.acting import ResidualController
+from arli.runtime.intervention import Intervention
+from arli.runtime.loop import Episode
+from arli.types import DEMO
 
 def q_vs_return(learner: ResidualLearner, trace: list[list[tuple]], gamma: float) -> dict[str, float]:
     """Mean critic value Q(s_t, a_t) and mean discounted Monte-Carlo return G_t over every
@@ -38,12 +43,13 @@ def q_vs_return(learner: ResidualLearner, trace: list[list[tuple]], gamma: float
     return {"q_mean": float(q.mean()), "return_mean": float(np.mean(returns))}
 
 
-CHECKPOINT_FORMAT = 3  # 2: states with episode progress, replay rows with a source; 3: the learner's start actor
+CHECKPOINT_FORMAT = 4  # 4: the trainer's state (learner, replays, step and update counts) in one entry
 TRAIN_SEED_BASE = 100_000  # training episodes never reuse demo (0..) or evaluation (10_000..) seeds
 
 
 class Finetuner:
-    """Owns the learner, replay, scheduler and RNG state of one run."""
+    """One run: the scheduler, the residual's state builder, the trainer (learner + replays),
+    the acting controller and the RNG state; ``train`` is the per-step loop."""
 
     def __init__(self, spec: RunSpec, env, base_policy, expert, latency: LatencyModel,
                  obs_mean: np.ndarray | None = None, obs_std: np.ndarray | None = None):
@@ -63,43 +69,55 @@ class Finetuner:
         cap = spec.learner.buffer_size
         self.online = ReplayBuffer(cap, self.builder.dim, m)
         self.anchor = ReplayBuffer(cap, self.builder.dim, m)
+        self.trainer = Trainer(self.learner, self.online, self.anchor, spec.learn_after)
         self.rng = np.random.default_rng(spec.seed)  # latency draws
         online_intervener = Intervention(expert, spec.intervention) if spec.regime == "hil" else None
+        penalty = spec.intervention.takeover_penalty if online_intervener is not None else 0.0
         self.controller = ResidualController(
-            self.learner, self.builder, self.online, self.anchor, train=True,
-            intervention=online_intervener, rng=np.random.default_rng(spec.seed + 1),
-            learn_after=spec.learn_after)
+            self.learner, self.builder, train=True, transitions=self._nstep(penalty),
+            intervention=online_intervener, rng=np.random.default_rng(spec.seed + 1))
         self.episode = 0
         self.history: list[dict] = []
         self.successes: list[bool] = []  # every training episode (assisted or not)
         self.assisted: list[bool] = []  # whether the intervener acted in it
         self.episode_log: list[dict] = []  # per training episode: steps, intervened steps, success
 
-    # -- data ----------------------------------------------------------------------------
-    def _run(self, controller: ResidualController) -> bool:
-        result = run_episode(self.env, self.base, self.scheduler, self.latency, self.rng,
-                             TRAIN_SEED_BASE + 1000 * self.spec.seed + self.episode, controller)
-        self.episode += 1
-        return result.success
+    @property
+    def env_steps(self) -> int:
+        """Online environment steps so far (demonstrations are not counted)."""
+        return self.trainer.env_steps
 
+    def _nstep(self, takeover_penalty: float = 0.0) -> TransitionBuilder:
+        return TransitionBuilder(self.spec.learner.n_step, self.spec.learner.gamma, takeover_penalty)
+
+    def _episode(self, controller: ResidualController) -> Episode:
+        """The next training episode of the runtime loop (its own seed), not yet stepped."""
+        episode = sim_episode(self.env, self.base, self.scheduler, self.latency, self.rng,
+                              TRAIN_SEED_BASE + 1000 * self.spec.seed + self.episode, controller)
+        self.episode += 1
+        return episode
+
+    # -- data ----------------------------------------------------------------------------
     def collect_anchor(self) -> int:
         """Demonstrations into anchor replay: the expert acts for whole episodes inside the
         asynchronous loop, so every row's base action, committed block and timing are the
-        scheduler's own (base actions relabelled). Returns the anchor transitions collected."""
+        scheduler's own (base actions relabelled). They are not online steps: no updates, no
+        budget. Returns the anchor transitions collected."""
         if self.spec.anchor_episodes and self.expert is None:
             raise ValueError("anchor_episodes > 0 needs a scripted expert for this task; set anchor_episodes=0")
-        if not self.spec.anchor_episodes:
-            return len(self.anchor)
-        ctl = self.controller
-        saved = ctl.intervention, ctl.source, ctl.learn_after
-        ctl.intervention = Intervention(self.expert, InterventionSpec(prob=1.0, after=0, mode="takeover"))
-        ctl.source, ctl.learn_after = DEMO, 10**12  # no updates while collecting
-        # demonstrations are neither part of the online budget nor online interventions
-        steps, intervened, takeovers = ctl.env_steps, ctl.intervened_steps, ctl.takeovers
+        # the demonstrator acts through the same acting path; the residual still proposes
+        # (with exploration), so the run's random streams are those of acting
+        demo = ResidualController(self.learner, self.builder, train=True, transitions=self._nstep(),
+                                  intervention=Intervention(self.expert, InterventionSpec(prob=1.0, after=0,
+                                                                                          mode="takeover"))
+                                  if self.expert is not None else None,
+                                  rng=self.controller.rng, source=DEMO)
         for _ in range(self.spec.anchor_episodes):
-            self._run(ctl)
-        ctl.intervention, ctl.source, ctl.learn_after = saved
-        ctl.env_steps, ctl.intervened_steps, ctl.takeovers = steps, intervened, takeovers
+            episode = self._episode(demo)
+            while not episode.done:
+                episode.step()
+            episode.finish()
+            self.trainer.ingest(demo.take_transitions(), env_steps=0)
         return len(self.anchor)
 
     def load_datasets(self) -> dict[str, int]:
@@ -127,40 +145,38 @@ class Finetuner:
     # -- training ------------------------------------------------------------------------
     def train(self, env_steps: int | None = None, writer=None, progress: bool = True,
               checkpoint_dir: str | None = None) -> list[dict]:
-        """Train until ``env_steps`` online steps in total; evaluates every ``eval_every``
-        (and saves ``checkpoint_dir`` then: the last good checkpoint). A diverging learner
-        stops the run with ``LearnerDiverged`` and leaves that checkpoint untouched."""
+        """Train until ``env_steps`` online steps in total, whole episodes at a time; evaluates
+        every ``eval_every`` (and saves ``checkpoint_dir`` then: the last good checkpoint). A
+        diverging learner stops the run with ``LearnerDiverged`` and leaves that checkpoint
+        untouched."""
         target = env_steps if env_steps is not None else self.spec.env_steps
-        ctl = self.controller
-        next_eval = (ctl.env_steps // self.spec.eval_every + 1) * self.spec.eval_every
-        bar = tqdm(total=target, initial=ctl.env_steps, desc=f"finetune {self.spec.variant}",
+        ctl, trainer = self.controller, self.trainer
+        next_eval = (trainer.env_steps // self.spec.eval_every + 1) * self.spec.eval_every
+        bar = tqdm(total=target, initial=trainer.env_steps, desc=f"finetune {self.spec.variant}",
                    unit="step", disable=not progress, mininterval=1.0)
         start = time.time()
-        while ctl.env_steps < target:
-            before, intervened_before = ctl.env_steps, ctl.intervened_steps
+        while trainer.env_steps < target:
+            before, intervened_before = trainer.env_steps, ctl.intervened_steps
+            episode = self._episode(ctl)
             try:
-                success = self._run(ctl)
+                while not episode.done:
+                    episode.step()  # observe, schedule, act (residual or intervener), execute
+                    trainer.ingest(ctl.take_transitions(), env_steps=1)  # the n-step transitions now complete
+                    trainer.run_owed()  # learner.utd updates per step once learn_after rows are in
+                result = episode.finish()
+                trainer.ingest(ctl.take_transitions(), env_steps=0)  # the episode's last transitions
             except LearnerDiverged as exc:
                 bar.close()
                 kept = f"; the last good checkpoint is {checkpoint_dir}" if checkpoint_dir else ""
                 raise LearnerDiverged(f"{exc}{kept}") from None
-            self.successes.append(success)
+            self.successes.append(result.success)
             self.assisted.append(ctl.intervened_episode)
-            self.episode_log.append({"env_steps": ctl.env_steps, "steps": ctl.env_steps - before,
+            self.episode_log.append({"env_steps": trainer.env_steps, "steps": trainer.env_steps - before,
                                      "intervened": ctl.intervened_steps - intervened_before,
-                                     "success": bool(success)})
-            bar.update(ctl.env_steps - before)
-            recent = float(np.mean(self.successes[-20:]))
-            postfix = {"success": f"{recent:.2f}", "q": f"{ctl.last_stats.get('q_mean', 0):.2f}"}
-            if self.spec.regime == "hil":
-                postfix["assisted"] = f"{np.mean(self.assisted[-20:]):.2f}"
-            bar.set_postfix(postfix, refresh=False)
-            if writer is not None:
-                writer.add_scalar("train/success_20ep", recent, ctl.env_steps)
-                writer.add_scalar("train/intervened_steps", ctl.intervened_steps, ctl.env_steps)
-                for key, value in ctl.last_stats.items():
-                    writer.add_scalar(f"learner/{key}", value, ctl.env_steps)
-            if ctl.env_steps >= next_eval or ctl.env_steps >= target:
+                                     "success": bool(result.success)})
+            bar.update(trainer.env_steps - before)
+            self._log_episode(bar, writer)
+            if trainer.env_steps >= next_eval or trainer.env_steps >= target:
                 self._evaluate_and_log(writer, start)
                 if checkpoint_dir:
                     self.save(checkpoint_dir)
@@ -168,20 +184,33 @@ class Finetuner:
         bar.close()
         return self.history
 
+    def _log_episode(self, bar, writer) -> None:
+        stats, steps = self.trainer.last_stats, self.trainer.env_steps
+        recent = float(np.mean(self.successes[-20:]))
+        postfix = {"success": f"{recent:.2f}", "q": f"{stats.get('q_mean', 0):.2f}"}
+        if self.spec.regime == "hil":
+            postfix["assisted"] = f"{np.mean(self.assisted[-20:]):.2f}"
+        bar.set_postfix(postfix, refresh=False)
+        if writer is not None:
+            writer.add_scalar("train/success_20ep", recent, steps)
+            writer.add_scalar("train/intervened_steps", self.controller.intervened_steps, steps)
+            for key, value in stats.items():
+                writer.add_scalar(f"learner/{key}", value, steps)
+
     def _evaluate_and_log(self, writer, start: float) -> None:
-        ctl = self.controller
+        ctl, steps = self.controller, self.trainer.env_steps
         result = self.evaluate(self.spec.eval_episodes, diagnostics=True)
-        entry = {"env_steps": ctl.env_steps, "success": result["success"], "episodes": self.episode,
+        entry = {"env_steps": steps, "success": result["success"], "episodes": self.episode,
                  "updates": self.learner.updates, "wall_s": round(time.time() - start, 1),
                  "q_eval": result["q_mean"], "return_eval": result["return_mean"],
                  "intervened_steps": ctl.intervened_steps}
         self.history.append(entry)
         if writer is not None:
-            writer.add_scalar("eval/success", result["success"], ctl.env_steps)
-            writer.add_scalar("eval/q_vs_return/q", result["q_mean"], ctl.env_steps)
-            writer.add_scalar("eval/q_vs_return/mc_return", result["return_mean"], ctl.env_steps)
-            writer.add_scalar("eval/q_vs_return/bias", result["q_mean"] - result["return_mean"], ctl.env_steps)
-        tqdm.write(f"  env step {ctl.env_steps}: eval success {result['success']:.2f}  "
+            writer.add_scalar("eval/success", result["success"], steps)
+            writer.add_scalar("eval/q_vs_return/q", result["q_mean"], steps)
+            writer.add_scalar("eval/q_vs_return/mc_return", result["return_mean"], steps)
+            writer.add_scalar("eval/q_vs_return/bias", result["q_mean"] - result["return_mean"], steps)
+        tqdm.write(f"  env step {steps}: eval success {result['success']:.2f}  "
                    f"Q {result['q_mean']:.3f} vs return {result['return_mean']:.3f}")
 
     # -- evaluation ----------------------------------------------------------------------
@@ -198,6 +227,14 @@ class Finetuner:
             out.update(q_vs_return(self.learner, controller.trace, self.spec.learner.gamma))
         return out
 
+    def residual_definition(self) -> tuple[dict, dict[str, np.ndarray]]:
+        """What an actor needs to rebuild this run's residual from its weights: (meta: variant,
+        state dim, chunk size, episode steps, learner config; state normalisation arrays)."""
+        meta = {"variant": self.spec.variant, "state_dim": self.builder.dim, "chunk_size": self.builder.H,
+                "episode_steps": self.builder.T, "learner": dict(vars(self.spec.learner))}
+        norm = {"obs_mean": self.builder.mean.astype(np.float32), "obs_std": self.builder.std.astype(np.float32)}
+        return meta, norm
+
     # -- checkpoints ---------------------------------------------------------------------
     def save(self, path: str) -> None:
         """Everything needed to resume identically (+ the actor alone as safetensors)."""
@@ -207,10 +244,9 @@ class Finetuner:
         ctl = self.controller
         state_path = os.path.join(path, "trainer_state.pt")
         torch.save({
-            "learner": self.learner.state_dict(),
-            "online": self.online.state_dict(), "anchor": self.anchor.state_dict(),
+            "trainer": self.trainer.state_dict(),
             "rng": self.rng.bit_generator.state, "ctl_rng": ctl.rng.bit_generator.state,
-            "env_steps": ctl.env_steps, "episode": self.episode, "history": self.history,
+            "episode": self.episode, "history": self.history,
             "successes": self.successes, "assisted": self.assisted, "intervened_steps": ctl.intervened_steps,
             "episode_log": self.episode_log,
             "takeovers": ctl.takeovers, "format": CHECKPOINT_FORMAT,
@@ -232,22 +268,18 @@ class Finetuner:
             raise ValueError(f"{state_path} was written by an older ARLI (checkpoint format "
                              f"{state.get('format', 1)}, this one reads {CHECKPOINT_FORMAT}: different state "
                              "layout and replay fields); start a new run instead of resuming it")
-        trained = state.get("max_delay", self.max_delay)  # checkpoints before 2026-12-01 did not say
+        trained = state["max_delay"]
         if trained != self.max_delay:
             # checked before anything is loaded: a refused checkpoint leaves this run untouched
             raise InputError(f"{path} was trained with the scheduler planning d = {trained} control steps; "
-                             f"this run plans d = {self.max_delay}: pass delay_steps={trained} (arli finetune's "
-                             "default is 8 since 2026-12-01, 4 before)")
-        self.learner.load_state_dict(state["learner"])
-        self.online.load_state_dict(state["online"])
-        self.anchor.load_state_dict(state["anchor"])
+                             f"this run plans d = {self.max_delay}: pass delay_steps={trained} to use it")
+        self.trainer.load_state_dict(state["trainer"])
         self.rng.bit_generator.state = state["rng"]
         ctl = self.controller
         ctl.rng.bit_generator.state = state["ctl_rng"]
-        ctl.env_steps, ctl.intervened_steps = state["env_steps"], state["intervened_steps"]
-        ctl.takeovers = state["takeovers"]
+        ctl.intervened_steps = state["intervened_steps"]
+        ctl.nstep.takeovers = state["takeovers"]
         self.episode, self.history = state["episode"], state["history"]
         self.successes, self.assisted = state["successes"], state["assisted"]
         self.episode_log = state.get("episode_log", [])
-        ctl.acc.reset()  # saved at an episode boundary: nothing pending
-        ctl._pending = None
+        ctl.nstep.begin_episode()  # saved at an episode boundary: nothing pending

@@ -17,8 +17,8 @@ from arli.latency import LatencyModel, to_delay_steps
 from arli.policies.base import BasePolicy
 from arli.runtime.clock import SimClock
 from arli.runtime.inference import SimInference
-from arli.runtime.loop import EpisodeResult, StepController
-from arli.runtime.loop import run_episode as runtime_episode
+from arli.interfaces import StepController
+from arli.runtime.loop import Episode, EpisodeResult
 from robot_drivers.sim import SimDriver
 
 
@@ -38,9 +38,18 @@ def run_episode(
 ) -> EpisodeResult:
     """One episode of the runtime loop in sim time: ``env`` behind ``SimDriver``, the policy
     behind ``SimInference`` (replies delayed by ``latency`` draws from ``rng``)."""
+    episode = sim_episode(env, policy, scheduler, latency, rng, seed, controller)
+    while not episode.done:
+        episode.step()
+    return episode.finish()
+
+
+def sim_episode(env: gym.Env, policy: BasePolicy, scheduler: ChunkScheduler, latency: LatencyModel,
+                rng: np.random.Generator, seed: int, controller: StepController | None = None) -> Episode:
+    """The runtime loop's ``Episode`` in sim time, to be stepped by the caller."""
     driver = SimDriver(env)
     inference = SimInference(policy, latency, rng, driver.dt)
-    return runtime_episode(driver, inference, scheduler, SimClock(driver.dt), seed, controller)
+    return Episode(driver, inference, scheduler, SimClock(driver.dt), seed, controller)
 
 
 def planning_delay(latency: LatencyModel, dt: float, chunk_size: int) -> int:

@@ -51,6 +51,11 @@ class RobotDriver(abc.ABC):
     def act(self, action: np.ndarray) -> StepResult:
         """Execute one action (m,) in [-1, 1] for one control period."""
 
+    def end_episode(self, success: bool) -> bool:
+        """The operator's verdict (a device's success / failure event): end the episode at
+        the next ``act``. Returns whether this driver can; the default cannot."""
+        return False
+
     def close(self) -> None:
         """Release the robot / simulator."""
 

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arli.augment import VARIANTS, StateBuilder, split_slots
+from arli.augment import VARIANTS, StateBuilder
 from arli.chunking import ChunkScheduler, make_hold
 from arli.types import Observation
 
@@ -127,14 +127,3 @@ def test_variant_validation_and_normalisation():
     sched.step(0)
     state = b.build(np.full(N, 5.0), sched.step(1))
     np.testing.assert_allclose(state, [2, 2, 2, 1, 1, 0.1])
-
-
-def test_slot_split():
-    # chunk planned at t0 = 10 (slot i <-> step 10 + i), landed at 13, replaced at 19
-    split = split_slots(switch_in=13, switch_out=19, chunk_start=10, chunk_size=16)
-    assert list(split["committed"]) == [0, 1, 2]
-    assert list(split["executed"]) == [3, 4, 5, 6, 7, 8]
-    assert list(split["discarded"]) == list(range(9, 16))
-    # replaced before it ever ran: nothing executed, all discarded after the committed part
-    split = split_slots(13, 12, 10, 16)
-    assert list(split["executed"]) == [] and list(split["discarded"])[0] == 3

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 from arli.bench.learner import ReferenceLearner, filled_buffers
@@ -36,6 +37,7 @@ def test_reference_and_ours_compute_the_same_critic_loss():
     torch.testing.assert_close(ref.q_all(ref.critics, s, a), ours.critic(s, a), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_bench_learner_json(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "arli.cli", "bench", "learner", "--json", "seconds=0.2",
                            f"report_dir={tmp_path}"], capture_output=True, text=True, timeout=300,

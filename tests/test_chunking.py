@@ -114,7 +114,7 @@ def test_timing_features():
     assert [i.in_flight for i in infos[:7]] == [True, True, False, False, True, True, False]
     assert infos[4].steps_until_switch == 2 and infos[5].steps_until_switch == 1
     assert infos[5].steps_since_request == 1
-    assert infos[5].planned_obs is not None and infos[5].planned_obs.step == 4
+    assert infos[5].in_flight and infos[5].request_obs.step == 4
     assert [i.index_in_chunk for i in infos[2:8]] == [2, 3, 4, 5, 2, 3]
 
 

@@ -3,6 +3,7 @@ import pytest
 
 from sim_envs import make_env
 from arli.policies.expert import ExpertChunkPolicy
+from arli.types import PolicyRequest
 from sim_envs.experts import EXPERTS
 
 
@@ -37,6 +38,7 @@ def test_expert_on_robosuite_lift_through_the_adapter():
     assert EXPERTS["robosuite_lift"] is not EXPERTS["pick_cube"]
 
 
+@pytest.mark.slow
 def test_robosuite_lift_runs_in_the_rollout_command(tmp_path):
     import json  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
@@ -56,8 +58,8 @@ def test_expert_chunk_keeps_committed_prefix():
     obs, _ = env.reset(seed=0)
     policy = ExpertChunkPolicy("pick_cube", chunk_size=8)
     prefix = np.tile(np.array([0.5, 0, 0, 0, -1], np.float32), (3, 1))
-    chunk = policy.predict_actions(obs["state"], prefix)
+    chunk = policy.infer(PolicyRequest.of(obs["state"], committed_prefix=prefix))
     assert chunk.shape == (8, 5)
     np.testing.assert_array_equal(chunk[:3], prefix)
-    free = policy.predict_actions(obs["state"])
+    free = policy.infer(PolicyRequest.of(obs["state"]))
     assert not np.allclose(free[3:], chunk[3:]), "planning must start after the prefix"

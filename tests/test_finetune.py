@@ -13,7 +13,7 @@ from arli.finetune import Finetuner
 from arli.rl.learner import LearnerDiverged
 from arli.latency import FixedLatency
 from arli.rl.config import InterventionSpec, LearnerConfig, RunSpec
-from arli.rl.replay import DEMO, INTERVENTION, ONLINE
+from arli.types import DEMO, INTERVENTION, ONLINE
 from sim_envs import make_env
 from arli.policies.expert import ExpertChunkPolicy
 from sim_envs.experts import EXPERTS
@@ -39,16 +39,16 @@ def test_checkpoint_resume_continues_identically(tmp_path):
     a = _finetuner()
     a.prepare()
     a.train(150, progress=False)
-    saved_steps, saved_updates = a.controller.env_steps, a.learner.updates
+    saved_steps, saved_updates = a.env_steps, a.learner.updates
     a.save(str(tmp_path / "ckpt"))
     a.train(400, progress=False)
 
     b = _finetuner()
     b.load(str(tmp_path / "ckpt"))
-    assert (b.controller.env_steps, b.learner.updates) == (saved_steps, saved_updates)
+    assert (b.env_steps, b.learner.updates) == (saved_steps, saved_updates)
     assert saved_steps >= 150 and saved_updates > 0
     b.train(400, progress=False)
-    assert a.controller.env_steps == b.controller.env_steps
+    assert a.env_steps == b.env_steps
     assert a.learner.updates == b.learner.updates > 0
     torch.testing.assert_close(_params(a), _params(b), rtol=0, atol=0)
     assert len(a.online) == len(b.online) and len(a.anchor) == len(b.anchor)
@@ -70,21 +70,22 @@ def test_a_checkpoint_trained_at_another_delay_is_refused_naming_delay_steps(tmp
     with pytest.raises(InputError, match=r"planning d = 4 .* plans d = 8: pass delay_steps=4"):
         b.load(str(tmp_path / "ckpt"))
     torch.testing.assert_close(_params(b), before, rtol=0, atol=0)
-    assert b.controller.env_steps == 0
+    assert b.env_steps == 0
 
 
 def test_interventions_and_anchor_data_are_routed_to_anchor_replay():
     ft = _finetuner()
     n_anchor = ft.collect_anchor()
-    assert n_anchor > 0 and len(ft.online) == 0 and ft.controller.env_steps == 0
+    assert n_anchor > 0 and len(ft.online) == 0 and ft.env_steps == 0
     assert ft.controller.intervened_steps == 0  # demonstrations are not online interventions
     # anchor rows carry the expert's action and the base action the scheduler had (relabel)
     data = {k: v[:n_anchor] for k, v in ft.anchor.data.items()}
     assert np.abs(data["action"] - data["base"]).max() > 0.1
     ft.train(200, progress=False)
-    assert len(ft.online) > 0 and ft.controller.env_steps >= 200
+    assert len(ft.online) > 0 and ft.env_steps >= 200
 
 
+@pytest.mark.slow
 def test_finetune_entry_point_writes_a_consistent_run(tmp_path):
     """The real console script with a tiny budget, regime rl: base, anchor-only start and
     finetuned evaluations, curve, checkpoint and TensorBoard diagnostics (learning results
@@ -128,8 +129,8 @@ def test_corrective_interventions_are_expert_labelled_anchor_rows():
     ft = Finetuner(spec, env, ExpertChunkPolicy("pick_cube", 16), EXPERTS["pick_cube"], FixedLatency(0.2))
     ft.train(progress=False)
     ctl, n = ft.controller, env.observation_space["state"].shape[0]
-    assert 0 < ctl.intervened_steps < ctl.env_steps  # short segments, not whole episodes
-    assert len(ft.anchor) == ctl.intervened_steps and len(ft.online) == ctl.env_steps - ctl.intervened_steps
+    assert 0 < ctl.intervened_steps < ft.env_steps  # short segments, not whole episodes
+    assert len(ft.anchor) == ctl.intervened_steps and len(ft.online) == ft.env_steps - ctl.intervened_steps
     rows = ft.anchor.data
     expert = np.stack([EXPERTS["pick_cube"](s[:n]) for s in rows["state"][: len(ft.anchor)]])
     np.testing.assert_allclose(rows["action"][: len(ft.anchor)], expert, atol=1e-6)

@@ -4,6 +4,7 @@ import torch
 
 from arli.policies.flow import FlowChunkModel, FlowPolicy, FlowPolicyConfig
 from arli.policies.flow_math import rtc_guidance_weight, rtc_soft_mask, training_inputs
+from arli.types import PolicyRequest
 
 H, M, N = 8, 3, 4
 
@@ -134,13 +135,13 @@ def test_save_load_gives_identical_chunks(trained, tmp_path):
     s = np.ones(N, np.float32)
     policy.reset(11)
     loaded.reset(11)
-    np.testing.assert_array_equal(policy.predict_actions(s), loaded.predict_actions(s))
+    np.testing.assert_array_equal(policy.infer(PolicyRequest.of(s)), loaded.infer(PolicyRequest.of(s)))
     assert (tmp_path / "ckpt" / "model.safetensors").exists()
 
 
 def test_wrong_shape_observation_is_a_clear_error(trained):
     policy = FlowPolicy(trained.cfg, trained)
     with pytest.raises(ValueError, match=r"observation.state must have shape \(4,\)"):
-        policy.predict_actions(np.zeros(7))
+        policy.infer(PolicyRequest.of(np.zeros(7)))
     with pytest.raises(FileNotFoundError, match="arli pretrain"):
         FlowPolicy.load("/nonexistent/ckpt")

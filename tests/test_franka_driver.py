@@ -81,6 +81,7 @@ def test_integrator_keeps_every_target_in_the_box_and_the_lead():
         integ.step(np.zeros(4), ee)
 
 
+@pytest.mark.slow
 def test_connect_home_stream_20hz_and_reach_the_trajectory():
     from robot_drivers.franka.driver import FrankaDriver  # noqa: PLC0415
 
@@ -113,6 +114,7 @@ def test_connect_home_stream_20hz_and_reach_the_trajectory():
             driver.close()
 
 
+@pytest.mark.slow
 def test_box_clipping_and_bad_actions_never_reach_franky():
     from robot_drivers.franka.driver import FrankaDriver  # noqa: PLC0415
 
@@ -135,6 +137,7 @@ def test_box_clipping_and_bad_actions_never_reach_franky():
             driver.close()
 
 
+@pytest.mark.slow
 def test_watchdog_stops_the_arm_when_actions_stop():
     from robot_drivers.franka.driver import FrankaDriver  # noqa: PLC0415
 
@@ -154,6 +157,7 @@ def test_watchdog_stops_the_arm_when_actions_stop():
             driver.close()
 
 
+@pytest.mark.slow
 def test_recovers_after_an_induced_communication_fault():
     """The server stalls for 2.5 s mid-stream (SIGSTOP): libfranka times out; the driver
     reconnects and the stream carries on to the same trajectory."""
@@ -180,6 +184,7 @@ def test_recovers_after_an_induced_communication_fault():
             driver.close()
 
 
+@pytest.mark.slow
 def test_server_gone_ends_in_a_clear_fault_within_bounded_time():
     from robot_drivers.franka.driver import FrankaDriver  # noqa: PLC0415
 
@@ -203,6 +208,7 @@ def test_unreachable_robot_is_a_one_line_fault():
         FrankaDriver(_cfg("127.0.0.250"))
 
 
+@pytest.mark.slow
 def test_lost_robot_ends_the_episode_cleanly_and_the_recording_keeps_it(tmp_path):
     """The runtime loop on a real clock with the Franka driver and the recorder: the robot
     connection dies mid-episode; the episode ends (no exception), and the dataset holds the
@@ -221,7 +227,7 @@ def test_lost_robot_ends_the_episode_cleanly_and_the_recording_keeps_it(tmp_path
     class Drift(BasePolicy):  # chunks that move the hand slowly along -y
         chunk_size, action_dim = 8, 5
 
-        def predict_actions(self, state, committed_prefix=None, delay_steps=None, image=None, guidance=None):
+        def infer(self, request):
             return np.tile(np.array([0, -0.2, 0, 0, -1], np.float32), (8, 1))
 
     class PullThePlug(StepController):  # the robot's server dies at step 8 of the 2nd episode

@@ -20,6 +20,7 @@ pytest.importorskip("franky")
 pytestmark = pytest.mark.timeout(420)
 
 
+@pytest.mark.slow
 def test_serve_learner_actor_on_a_franka_record_and_learn(tmp_path):
     act = tmp_path / "act"
     save_lerobot_policy("act", act, 9, 5, chunk_size=10, n_action_steps=10, dim_model=32, n_heads=2,

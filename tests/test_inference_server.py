@@ -77,6 +77,7 @@ def test_bad_messages_get_error_replies_and_the_server_keeps_serving(tmp_path):
         sock.close()
 
 
+@pytest.mark.slow
 def test_curve_refuses_clients_without_the_key(tmp_path):
     keys = tmp_path / "keys"
     generate_keys(str(keys))
@@ -109,6 +110,7 @@ class Recorder(StepController):
         return info.base_action
 
 
+@pytest.mark.slow
 def test_robot_holds_within_one_period_when_the_server_dies_and_resumes(tmp_path):
     (port,) = free_ports(1)
     address = f"tcp://127.0.0.1:{port}"
@@ -156,9 +158,7 @@ class FailingPolicy:
 
     chunk_size, action_dim, n_obs_steps = 16, 5, 1
 
-    def set_history(self, frames) -> None: ...
-
-    def predict_actions(self, state, committed_prefix=None, delay_steps=None, image=None, guidance=None):
+    def infer(self, request):
         raise ValueError("this policy cannot read the state")
 
 

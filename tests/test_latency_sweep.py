@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ARGS = ["env=pick_cube", "checkpoint=expert", "budget=150", "seeds=[0,1]", "delay_steps=[4]",
         "variants=[base_naive,arli,standard_d0,bc_control,anchor_only]", "eval_episodes=2", "workers=1",
         "run.anchor_episodes=1", "run.learn_after=50", "run.learner.hidden=32", "run.learner.critic_hidden=32",
@@ -20,6 +22,7 @@ def _sweep(tmp_path, *extra, cache="cells.jsonl"):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_latency_sweep_cells_cache_and_report(tmp_path):
     out = _sweep(tmp_path)
     assert out["env"] == "pick_cube" and out["budget"] == 150 and out["regime"] == "rl"

@@ -32,6 +32,7 @@ def wait_for(cond, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.slow
 def test_learner_kill9_and_restart_loses_and_duplicates_nothing(tmp_path):
     ports = free_ports(2)
     out = tmp_path / "learner"
@@ -80,6 +81,6 @@ def test_learner_kill9_and_restart_loses_and_duplicates_nothing(tmp_path):
         link.close()
         stop(learner, signal.SIGKILL)
     state = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=False)
-    ids = np.sort(state["online"]["data.state"][:, 0])
+    ids = np.sort(state["trainer"]["online"]["data.state"][:, 0])
     np.testing.assert_array_equal(ids, np.arange(sent, dtype=np.float32))  # exactly once, all of them
     assert "resumed" in (tmp_path / "learner2.log").read_text()

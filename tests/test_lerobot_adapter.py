@@ -10,7 +10,7 @@ from arli.latency import FixedLatency
 from arli.policies.lerobot_adapter import LeRobotPolicyAdapter
 from arli.policies.load import load_base_policy
 from arli.rollout import gripper_hold, run_episode
-from arli.types import Observation
+from arli.types import Observation, PolicyRequest
 from sim_envs import make_env
 from lerobot_utils import save_lerobot_policy
 
@@ -37,6 +37,31 @@ def diffusion_dir(tmp_path_factory):
     return path
 
 
+def test_cameras_are_matched_by_name_to_the_checkpoint_features(tmp_path):
+    """ACT with two cameras: each request camera reaches its own ``observation.images.<name>``
+    input through the saved processors; a missing or misshaped camera is named."""
+    _save_lerobot_policy("act", tmp_path, cameras={"front": (3, 32, 32), "wrist": (3, 32, 32)}, chunk_size=6,
+                         n_action_steps=6, dim_model=32, n_heads=2, dim_feedforward=32, n_encoder_layers=1,
+                         n_decoder_layers=1, use_vae=False, pretrained_backbone_weights=None)
+    adapter = load_base_policy(str(tmp_path))
+    assert sorted(adapter.cameras) == ["front", "wrist"]
+    g = np.random.default_rng(0)
+    images = {n: g.integers(0, 255, (32, 32, 3), dtype=np.uint8) for n in ("front", "wrist")}
+    state = np.linspace(-1, 1, N).astype(np.float32)
+    chunk = adapter.infer(PolicyRequest.of(state, images, "insert the peg"))
+    assert chunk.shape == (6, M) and np.all(np.isfinite(chunk))
+    assert not np.allclose(chunk, adapter.infer(PolicyRequest.of(state, {**images, "wrist": 255 - images["wrist"]})))
+    # LeRobot's own key spelling is accepted too
+    np.testing.assert_array_equal(chunk, adapter.infer(PolicyRequest.of(
+        state, {f"observation.images.{k}": v for k, v in images.items()})))
+    with pytest.raises(ValueError, match=r"camera\(s\) \['wrist'\] missing: this policy needs \['front', 'wrist'\]"):
+        adapter.infer(PolicyRequest.of(state, {"front": images["front"]}))
+    with pytest.raises(ValueError, match=r"unexpected camera\(s\) \['top'\]"):
+        adapter.infer(PolicyRequest.of(state, {**images, "top": images["front"]}))
+    with pytest.raises(ValueError, match=r"camera 'front' must be a \(32, 32, 3\) uint8 image"):
+        adapter.infer(PolicyRequest.of(state, {**images, "front": images["front"][:16]}))
+
+
 def test_act_round_trip_matches_lerobot_directly(act_dir):
     from lerobot.policies.act.modeling_act import ACTPolicy
 
@@ -45,7 +70,7 @@ def test_act_round_trip_matches_lerobot_directly(act_dir):
     assert (adapter.chunk_size, adapter.action_dim, adapter.n_obs_steps) == (10, M, 1)
     state = np.linspace(-1, 1, N).astype(np.float32)
     adapter.reset(0)
-    chunk = adapter.predict_actions(state)
+    chunk = adapter.infer(PolicyRequest.of(state))
     assert chunk.shape == (10, M) and chunk.dtype == np.float32
     # same weights used directly (identity normalisation): the adapter adds nothing but plumbing
     direct = ACTPolicy.from_pretrained(str(act_dir))
@@ -55,7 +80,7 @@ def test_act_round_trip_matches_lerobot_directly(act_dir):
         raw = direct.predict_action_chunk({"observation.state": x,
                                            "observation.environment_state": x})[0].numpy()
     np.testing.assert_allclose(chunk, np.clip(raw, -1, 1), atol=1e-5)
-    assert not np.allclose(chunk, adapter.predict_actions(-state))  # depends on the observation
+    assert not np.allclose(chunk, adapter.infer(PolicyRequest.of(-state)))  # depends on the observation
 
 
 def test_diffusion_gets_its_observation_history_from_the_adapter(diffusion_dir):
@@ -63,25 +88,25 @@ def test_diffusion_gets_its_observation_history_from_the_adapter(diffusion_dir):
     assert (adapter.chunk_size, adapter.n_obs_steps) == (8, 2)
     adapter.reset(0)
     s0, s1 = np.zeros(N, np.float32), np.ones(N, np.float32)
-    first = adapter.predict_actions(s0)
+    first = adapter.infer(PolicyRequest.of(s0))
     queue = adapter.policy._queues["observation.state"]
     assert len(queue) == 2 and all(torch.equal(q, queue[0]) for q in queue)  # padded with o_0
-    adapter.predict_actions(s1)
+    adapter.infer(PolicyRequest.of(s1))
     queue = adapter.policy._queues["observation.state"]
     assert torch.equal(queue[0][0], torch.as_tensor(s0)) and torch.equal(queue[1][0], torch.as_tensor(s1))
     assert first.shape == (8, M)
     adapter.reset(3)
-    a = adapter.predict_actions(s0)
+    a = adapter.infer(PolicyRequest.of(s0))
     adapter.reset(3)
-    np.testing.assert_array_equal(a, adapter.predict_actions(s0))  # seeded sampling
+    np.testing.assert_array_equal(a, adapter.infer(PolicyRequest.of(s0)))  # seeded sampling
 
 
 def test_adapter_runs_in_the_scheduler_loop_with_committed_prefix(diffusion_dir):
     adapter = load_base_policy(str(diffusion_dir))
     prefix = np.full((3, M), 0.25, np.float32)
-    chunk = adapter.predict_chunk(Observation(np.zeros(N, np.float32), step=7), prefix, 3)
-    assert chunk.t0 == 7 and chunk.actions.shape == (8, M)
-    np.testing.assert_array_equal(chunk.actions[:3], prefix)
+    chunk = adapter.infer(PolicyRequest(Observation(np.zeros(N, np.float32), step=7), prefix, 3))
+    assert chunk.shape == (8, M)
+    np.testing.assert_array_equal(chunk[:3], prefix)
     env = make_env("peg_insert", max_episode_steps=20)
     sched = ChunkScheduler(adapter.chunk_size, 4, M, "async", "rtc", 2, hold=gripper_hold())
     result = run_episode(env, adapter, sched, FixedLatency(0.1), np.random.default_rng(0), 0)
@@ -91,7 +116,7 @@ def test_adapter_runs_in_the_scheduler_loop_with_committed_prefix(diffusion_dir)
 def test_bad_inputs_are_clear_errors(act_dir, tmp_path):
     adapter = load_base_policy(str(act_dir))
     with pytest.raises(ValueError, match=r"observation.state must have shape \(20,\)"):
-        adapter.predict_actions(np.zeros(7))
+        adapter.infer(PolicyRequest.of(np.zeros(7)))
     with pytest.raises(FileNotFoundError, match="missing config.json"):
         load_base_policy(str(tmp_path / "nothing"))
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from arli.demos import collect_demos
+from arli.types import PolicyRequest
 from sim_envs import make_env
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -40,6 +41,7 @@ def _train(demos, out, policy_args):
     return log
 
 
+@pytest.mark.slow
 def test_lerobot_trains_act_and_our_adapter_runs_it(demos, tmp_path):
     from arli.policies.load import load_base_policy  # noqa: PLC0415
 
@@ -52,10 +54,11 @@ def test_lerobot_trains_act_and_our_adapter_runs_it(demos, tmp_path):
     policy = load_base_policy(str(ckpt), task="pick up the red cube and lift it")
     assert (policy.state_dim, policy.env_dim) == (9, 8)
     obs, _ = make_env("pick_cube").reset(seed=0)
-    chunk = policy.predict_actions(obs["state"])  # the full 17-d sim state, split for it
+    chunk = policy.infer(PolicyRequest.of(obs["state"]))  # the full 17-d sim state, split for it
     assert chunk.shape == (10, 5) and np.isfinite(chunk).all()
 
 
+@pytest.mark.slow
 def test_lerobot_trains_diffusion(demos, tmp_path):
     _train(demos, tmp_path / "diffusion", ["--policy.type=diffusion", "--policy.down_dims=[32,64]",
                                            "--policy.horizon=16", "--policy.n_action_steps=8",

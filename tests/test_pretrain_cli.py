@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from arli.policies.flow import FlowPolicy
+from arli.types import PolicyRequest
 
 
 def _arli(*args, timeout=600):
@@ -18,6 +19,7 @@ def _arli(*args, timeout=600):
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_pretrain_then_bench_base(tmp_path):
     ds, ckpt, rep = tmp_path / "ds", tmp_path / "ckpt", tmp_path / "reports"
     tiny = ("env=pick_cube", f"dataset_root={ds}", "steps=40", "batch_size=32", "eval_every=40",
@@ -34,7 +36,7 @@ def test_pretrain_then_bench_base(tmp_path):
     assert weights[0] == weights[1] and weights[0] != weights[2]
     policy = FlowPolicy.load(str(ckpt))
     assert policy.cfg.instruction == "pick up the red cube and lift it"
-    chunk = policy.predict_actions(np.zeros(policy.cfg.state_dim, np.float32))
+    chunk = policy.infer(PolicyRequest.of(np.zeros(policy.cfg.state_dim, np.float32)))
     assert chunk.shape == (16, 5) and np.all(np.abs(chunk) <= 1)
 
     out = _arli("bench", "base", "env=pick_cube", f"checkpoint={ckpt}", "episodes=2",
@@ -74,14 +76,14 @@ def test_image_observations_flow_from_dataset_to_policy(tmp_path):
     train_flow(policy, data, steps=3, batch_size=8, lr=1e-3, weight_decay=0.0, seed=0)
     obs, _ = make_env("pick_cube", image_size=24).reset(seed=0)
     policy.reset(0)
-    a = policy.predict_actions(obs["state"], image=obs["image"])
+    a = policy.infer(PolicyRequest.of(obs["state"], {"front": obs["image"]}))
     policy.reset(0)
-    b = policy.predict_actions(obs["state"], image=255 - obs["image"])
+    b = policy.infer(PolicyRequest.of(obs["state"], {"front": 255 - obs["image"]}))
     assert a.shape == (8, 5) and not np.allclose(a, b)  # the image is actually used
-    with pytest.raises(ValueError, match="needs an image"):
-        policy.predict_actions(obs["state"])
-    with pytest.raises(ValueError, match=r"image must have shape \(24, 24, 3\)"):
-        policy.predict_actions(obs["state"], image=np.zeros((32, 32, 3), np.uint8))
+    with pytest.raises(ValueError, match=r"camera 'front' missing: this policy needs \['front'\], the observation has \[\]"):
+        policy.infer(PolicyRequest.of(obs["state"]))
+    with pytest.raises(ValueError, match=r"camera 'front' must be a \(24, 24, 3\) uint8 image"):
+        policy.infer(PolicyRequest.of(obs["state"], {"front": np.zeros((32, 32, 3), np.uint8)}))
 
 
 def test_a_mistyped_checkpoint_is_an_error_not_a_pretraining(tmp_path):

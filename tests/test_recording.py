@@ -37,6 +37,7 @@ def _child(root: Path, crash: str) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_episode_keeps_every_completed_episode(tmp_path):
     root = tmp_path / "ds"
     proc = _child(root, "mid")
@@ -57,6 +58,7 @@ def test_sigkill_mid_episode_keeps_every_completed_episode(tmp_path):
     assert last["observation.state"].tolist() == [len(saved) - 1, saved[len(saved) - 1] - 1]
 
 
+@pytest.mark.slow
 def test_sigkill_inside_a_save_is_rolled_back_on_resume(tmp_path):
     from arli.record import EpisodeRecorder, dataset_features  # noqa: PLC0415
 
@@ -80,6 +82,7 @@ def test_sigkill_inside_a_save_is_rolled_back_on_resume(tmp_path):
         EpisodeRecorder(root, 20, dataset_features(["x", "y"], ["a"]))
 
 
+@pytest.mark.slow
 def test_batched_commits_lose_only_the_open_batch_on_sigkill(tmp_path):
     """commit_every = 3 (how scripted demonstrations are written): killed with episode 3
     saved but not committed and episode 4 half recorded, the dataset reopens with exactly
@@ -158,6 +161,7 @@ def recorded(tmp_path_factory):
     return root, summary
 
 
+@pytest.mark.slow
 def test_record_writes_every_field_lerobot_reads_it_back(recorded):
     root, summary = recorded
     ds = _load(root)
@@ -219,7 +223,7 @@ def test_the_learner_replays_a_recording_with_interventions_flagged(recorded, tm
     from arli.cli import compose  # noqa: PLC0415
     from arli.commands.finetune import make_finetuner  # noqa: PLC0415
     from arli.config import ConfigError  # noqa: PLC0415
-    from arli.rl.replay import INTERVENTION, ONLINE  # noqa: PLC0415
+    from arli.types import INTERVENTION, ONLINE  # noqa: PLC0415
 
     root, summary = recorded
     cfg = compose("finetune", ["env=pick_cube", "checkpoint=expert", f"datasets=[{root}]"])

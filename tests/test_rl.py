@@ -6,11 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from arli.policies.residual import EnsembleCritic, ResidualActing, ResidualActor, compose_action
-from arli.rl.collect import Intervention
+from arli.policies.residual import EnsembleCritic, ResidualActor, compose_action
+from arli.policies.residual_np import ResidualActing
+from arli.runtime.intervention import Intervention
 from arli.rl.config import InterventionSpec, LearnerConfig
 from arli.rl.learner import LearnerDiverged, ResidualLearner
-from arli.rl.replay import DEMO, INTERVENTION, ONLINE, NStepAccumulator, ReplayBuffer, mixed_batch
+from arli.rl.replay import ReplayBuffer, mixed_batch
+from arli.rl.transitions import NStepAccumulator
+from arli.types import DEMO, INTERVENTION, ONLINE
 
 D, M = 6, 2
 
@@ -160,7 +163,7 @@ def _anchor_setup(**overrides):
     """A learner and an anchor buffer whose actions are the base shifted by (0.3, -0.2)."""
     cfg = LearnerConfig(**{"batch_size": 64, "hidden": 32, "critic_hidden": 32, "critic_warmup_updates": 0,
                            "policy_delay": 1, "anchor_ratio": 1.0, "anchor_weight": 10.0, "actor_lr": 1e-3,
-                           "residual_scale": 0.5, "q_weight": 0.0, "q_filter": False, **overrides})
+                           "residual_scale": 0.5, "q_weight": 0.0, **overrides})
     learner = ResidualLearner(cfg, D, M, seed=0)
     anchor = ReplayBuffer(512, D, M)
     rng = np.random.default_rng(0)

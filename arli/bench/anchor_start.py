@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from arli.bench.common import machine_info, publish, success_plot
 from arli.bench.latency_sweep import eval_seed
-from arli.commands.pretrain import ensure_base_policy
+from arli.pretrain import ensure_base_policy
 from arli.config import BenchAnchorStartConfig
 
 

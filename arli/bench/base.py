@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from arli.bench.common import machine_info, print_last_line_json, success_plot, write_report
-from arli.commands.pretrain import ensure_base_policy
+from arli.pretrain import ensure_base_policy
 from arli.config import BenchBaseConfig
 from arli.latency import FixedLatency
 from arli.policies.load import load_base_policy

@@ -27,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from arli.bench.common import machine_info, print_last_line_json, success_plot, write_report
-from arli.commands.pretrain import ensure_base_policy
+from arli.pretrain import ensure_base_policy
 from arli.config import SWEEP_VARIANTS, LatencySweepConfig
 
 BASE_VARIANTS = {"base_sync": "sync", "base_naive": "naive", "base_rtc": "rtc"}
@@ -75,7 +75,7 @@ def run_cell(cfg_dict: dict, variant: str, delay: int, seed: int) -> dict:
     spec = replace(spec, variant=RL_VARIANTS[variant][0], seed=seed, regime=cfg_dict["regime"],
                    env_steps=cfg_dict["budget"], eval_every=max(1, cfg_dict["budget"] // 4))
     if variant == "bc_control":  # the same learner, the critic steers nothing
-        spec = replace(spec, learner=replace(spec.learner, q_weight=0.0, q_filter=False))
+        spec = replace(spec, learner=replace(spec.learner, q_weight=0.0))
     model = getattr(base, "model", None)
     ft = Finetuner(spec, env, base, EXPERTS[name], latency,
                    None if model is None else model.state_mean.numpy(),

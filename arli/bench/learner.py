@@ -25,7 +25,8 @@ from arli.config import BenchLearnerConfig
 from arli.policies.residual import ResidualActor, compose_action
 from arli.rl.config import LearnerConfig
 from arli.rl.learner import ResidualLearner, anchor_term
-from arli.rl.replay import DEMO, ReplayBuffer, mixed_batch
+from arli.rl.replay import ReplayBuffer, mixed_batch
+from arli.types import DEMO
 
 
 class ReferenceLearner:

@@ -52,7 +52,8 @@ def histogram(errors_ms: np.ndarray, residual_ms: np.ndarray, path: str) -> None
 def main(cfg: BenchRuntimeConfig) -> int:
     from arli.augment import StateBuilder  # noqa: PLC0415
     from arli.chunking import ChunkScheduler  # noqa: PLC0415
-    from arli.policies.residual import ResidualActing, ResidualActor  # noqa: PLC0415
+    from arli.policies.residual import ResidualActor  # noqa: PLC0415
+    from arli.policies.residual_np import ResidualActing  # noqa: PLC0415
     from arli.rl.config import LearnerConfig  # noqa: PLC0415
     from arli.rollout import gripper_hold  # noqa: PLC0415
     from arli.runtime.actor import RemoteResidualController  # noqa: PLC0415

@@ -46,9 +46,7 @@ class StubPolicy:
 
     def reset(self, seed=None) -> None: ...
 
-    def set_history(self, frames) -> None: ...
-
-    def predict_actions(self, state, committed_prefix=None, delay_steps=None, image=None, guidance=None):
+    def infer(self, request) -> np.ndarray:
         busy(self.compute_ms)
         return np.zeros((self.chunk_size, self.action_dim), np.float32)
 

@@ -12,7 +12,7 @@ import time
 from omegaconf import OmegaConf
 
 from arli.bench.common import success_plot
-from arli.commands.pretrain import ensure_base_policy
+from arli.pretrain import ensure_base_policy
 from arli.config import ConfigError, FinetuneConfig
 from arli.latency import FixedLatency, latency_from_config, to_delay_steps
 from sim_envs import make_env, task_name
@@ -89,7 +89,7 @@ def main(cfg: FinetuneConfig) -> int:
 
     if cfg.resume:
         ft.load(cfg.resume)
-        print(f"resumed {cfg.resume} at env step {ft.controller.env_steps}")
+        print(f"resumed {cfg.resume} at env step {ft.env_steps}")
     else:
         prep = ft.prepare(progress=True)
         print(f"anchor data: {prep['anchor_transitions']} transitions from {cfg.anchor_episodes} demonstration "
@@ -114,19 +114,19 @@ def main(cfg: FinetuneConfig) -> int:
         return 3
     ft.save(os.path.join(run_dir, "checkpoint"))
     final = ft.evaluate(cfg.final_eval_episodes)
-    writer.add_scalar("eval/final_success", final["success"], ft.controller.env_steps)
+    writer.add_scalar("eval/final_success", final["success"], ft.env_steps)
     writer.close()
     start_success = anchor_eval["success"] if anchor_eval else None
     plot_curve(ft.history, base_eval["success"], os.path.join(run_dir, "learning_curve.png"),
                f"{cfg.variant} residual ({cfg.regime}) on {name}, async {cfg.strategy}, d={delay}",
-               start_success, final["success"], ft.controller.env_steps)
+               start_success, final["success"], ft.env_steps)
     summary = {
         "env": name, "variant": cfg.variant, "regime": cfg.regime, "strategy": cfg.strategy,
         "delay_steps": delay, "anchor_only_success": start_success,
-        "env_steps": ft.controller.env_steps, "updates": ft.learner.updates,
+        "env_steps": ft.env_steps, "updates": ft.learner.updates,
         # anchor replay = anchor episodes + online intervention steps
         "anchor_transitions": len(ft.anchor), "intervened_steps": ft.controller.intervened_steps,
-        "intervention_share": round(ft.controller.intervened_steps / max(ft.controller.env_steps, 1), 4),
+        "intervention_share": round(ft.controller.intervened_steps / max(ft.env_steps, 1), 4),
         "takeovers": ft.controller.takeovers,
         "base_success": base_eval["success"], "finetuned_success": final["success"],
         "eval_episodes": cfg.final_eval_episodes, "steps_to_80": steps_to(ft.history, 0.8),
@@ -143,7 +143,7 @@ def main(cfg: FinetuneConfig) -> int:
     by_intervener = (f", {ft.controller.intervened_steps} of them by the intervener "
                      f"({summary['intervention_share']:.0%}, {ft.controller.takeovers} takeovers)"
                      if cfg.regime == "hil" else "")
-    print(f"| base + {cfg.variant} residual after RL ({ft.controller.env_steps} env steps{by_intervener}) "
+    print(f"| base + {cfg.variant} residual after RL ({ft.env_steps} env steps{by_intervener}) "
           f"| {final['success']:.2f} |")
     if curve_start is not None:
         points = ", ".join(f"{h['success']:.2f}" for h in ft.history[1:])
@@ -164,7 +164,7 @@ def _real_robot_finetuner(cfg, name: str):
         def __init__(self, chunk_size: int, action_dim: int):
             self.chunk_size, self.action_dim = chunk_size, action_dim
 
-        def predict_actions(self, *args, **kwargs):
+        def infer(self, request):
             raise RuntimeError("the learner of a real robot has no base policy: chunks come from `arli serve` "
                                "to the robot; there is no evaluation in sim")
 

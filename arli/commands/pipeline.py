@@ -36,7 +36,7 @@ def _stop_on_signals() -> threading.Event:
 
 
 def serve_main(cfg: ServeConfig) -> int:
-    from arli.commands.pretrain import ensure_base_policy  # noqa: PLC0415
+    from arli.pretrain import ensure_base_policy  # noqa: PLC0415
     from arli.policies.load import load_base_policy  # noqa: PLC0415
     from arli.runtime.server import InferenceServer  # noqa: PLC0415
     from sim_envs import make_env, task_name  # noqa: PLC0415
@@ -68,9 +68,10 @@ def learner_main(cfg: LearnerServiceConfig) -> int:
     ft, name, delay = make_finetuner(cfg)
     run_dir = cfg.output_dir or os.path.join("outputs", f"learner_{name}")
     os.makedirs(run_dir, exist_ok=True)
-    service = LearnerService(ft, bind_address(cfg.transport.learner), bind_address(cfg.transport.weights),
-                             os.path.join(run_dir, "checkpoint"), cfg.env_steps, _curve(cfg.transport),
-                             cfg.publish_every, cfg.checkpoint_every_s)
+    meta, norm = ft.residual_definition()
+    service = LearnerService(ft.trainer, meta, norm, ft.save, ft.load, bind_address(cfg.transport.learner),
+                             bind_address(cfg.transport.weights), os.path.join(run_dir, "checkpoint"),
+                             cfg.env_steps, _curve(cfg.transport), cfg.publish_every, cfg.checkpoint_every_s)
     if service.load():
         print(f"arli learner: resumed {run_dir}/checkpoint at env step {service.env_steps}", flush=True)
     else:
@@ -190,7 +191,7 @@ def make_driver(cfg: ActorConfig, env):
 def person_intervention(device_name: str):
     """A person's device as the intervener (None for ``device=none``): it watches every
     episode and takes over whenever the operator does."""
-    from arli.rl.collect import Intervention  # noqa: PLC0415
+    from arli.runtime.intervention import Intervention  # noqa: PLC0415
     from arli.rl.config import InterventionSpec  # noqa: PLC0415
     from robot_drivers.teleop import open_device  # noqa: PLC0415
 
@@ -258,7 +259,7 @@ def launch_commands(cfg: LaunchConfig) -> dict[str, list[str]]:
 
 def launch_main(cfg: LaunchConfig) -> int:
     """Start server, learner and actors; wait for the learner; stop the rest."""
-    from arli.commands.pretrain import ensure_base_policy  # noqa: PLC0415
+    from arli.pretrain import ensure_base_policy  # noqa: PLC0415
     from arli.config import PretrainConfig  # noqa: PLC0415
 
     os.makedirs(cfg.output_dir, exist_ok=True)

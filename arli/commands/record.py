@@ -21,7 +21,7 @@ from arli.config import ConfigError, RecordConfig
 
 
 def _intervention(cfg: RecordConfig, expert):
-    from arli.rl.collect import Intervention  # noqa: PLC0415
+    from arli.runtime.intervention import Intervention  # noqa: PLC0415
     from robot_drivers.teleop import open_device  # noqa: PLC0415
 
     if cfg.device == "none":
@@ -41,7 +41,7 @@ def _intervention(cfg: RecordConfig, expert):
 def main(cfg: RecordConfig) -> int:
     from arli.commands.finetune import make_finetuner  # noqa: PLC0415
     from arli.record import EpisodeRecorder  # noqa: PLC0415
-    from arli.rl.collect import ResidualController  # noqa: PLC0415
+    from arli.runtime.acting import ResidualController  # noqa: PLC0415
     from arli.finetune import TRAIN_SEED_BASE  # noqa: PLC0415
     from arli.rollout import run_episode  # noqa: PLC0415
     from arli.runtime.recording import RecordingController, intervention_features  # noqa: PLC0415

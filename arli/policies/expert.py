@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from arli.policies.base import BasePolicy
+from arli.types import PolicyRequest
 from sim_envs.experts import EXPERTS, predict_state
 
 
@@ -28,13 +29,12 @@ class ExpertChunkPolicy(BasePolicy):
     def reset(self, seed: int | None = None) -> None:
         """Stateless."""
 
-    def predict_actions(self, state: np.ndarray, committed_prefix: np.ndarray | None = None,
-                        delay_steps: int | None = None, image: np.ndarray | None = None,
-                        guidance: np.ndarray | None = None) -> np.ndarray:
-        """state (n,) -> actions (H, 5)."""
-        s = np.asarray(state, dtype=np.float64)
+    def infer(self, request: PolicyRequest) -> np.ndarray:
+        """request (state (n,), committed prefix) -> actions (H, 5); cameras are not used."""
+        s = np.asarray(request.state, dtype=np.float64)
+        prefix = request.committed_prefix
         out = []
-        for a in (committed_prefix if committed_prefix is not None else [])[: self.chunk_size]:
+        for a in (prefix if prefix is not None else [])[: self.chunk_size]:
             out.append(np.asarray(a, np.float32))
             s = predict_state(self.task, s, a)
         while len(out) < self.chunk_size:

@@ -20,10 +20,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from arli.policies.base import BasePolicy
+from arli.policies.base import BasePolicy, with_prefix
 from arli.policies.flow_config import RTC_MODES, FlowPolicyConfig  # noqa: F401 - re-export
 from arli.policies.flow_math import (rtc_guidance_weight, rtc_soft_mask, sample_time,
                                      training_inputs)
+from arli.types import PolicyRequest
 
 def hash_tokens(text: str, vocab: int, max_len: int = 16) -> torch.Tensor:
     """Deterministic word-hash token ids (max_len,), 0 = padding."""
@@ -55,6 +56,9 @@ class FlowChunkModel(nn.Module):
                 nn.Conv2d(3, 16, 5, stride=2), nn.GELU(), nn.Conv2d(16, 32, 3, stride=2), nn.GELU(),
                 nn.Conv2d(32, 32, 3, stride=2), nn.GELU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
                 nn.Linear(128, d))
+        # one image token per camera from the shared encoder; several cameras are told apart
+        # by a learned embedding (one camera needs none, which keeps older checkpoints loading)
+        self.camera_emb = nn.Parameter(torch.zeros(len(cfg.cameras), d)) if len(cfg.cameras) > 1 else None
         self.action_in = nn.Linear(cfg.action_dim, d)
         self.time_mlp = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, d))
         self.pos = nn.Parameter(torch.zeros(cfg.chunk_size, d))
@@ -70,16 +74,25 @@ class FlowChunkModel(nn.Module):
         self.register_buffer("action_std", torch.ones(cfg.action_dim))
         self.register_buffer("lang_tokens", hash_tokens(cfg.instruction, cfg.vocab_size))
 
-    def context(self, state: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
-        """Observation tokens (B, T_obs, d) from normalised state (B, n), image (B, 3, S, S)."""
+    def context(self, state: torch.Tensor, images: torch.Tensor | None = None,
+                lang: torch.Tensor | None = None) -> torch.Tensor:
+        """Observation tokens (B, T_obs, d) from normalised state (B, n), camera images
+        (B, C, 3, S, S) in ``cfg.cameras`` order (or (B, 3, S, S) for one camera) and
+        instruction token ids (B, L) (default: the instruction trained on)."""
         B = state.shape[0]
-        toks = [self.state_enc(state)[:, None],
-                self.lang_emb(self.lang_tokens[None].expand(B, -1))[:, None]]
+        tokens = self.lang_tokens[None].expand(B, -1) if lang is None else lang
+        toks = [self.state_enc(state)[:, None], self.lang_emb(tokens)[:, None]]
         if self.image_enc is not None:
-            if image is None:
-                raise ValueError(f"this policy needs an image of shape (3, {self.cfg.image_size}, "
-                                 f"{self.cfg.image_size}); the observation has none")
-            toks.append(self.image_enc(image)[:, None])
+            if images is None:
+                raise ValueError(f"this policy needs camera(s) {list(self.cfg.cameras)} of shape "
+                                 f"({self.cfg.image_size}, {self.cfg.image_size}, 3); the observation has none")
+            if images.ndim == 4:
+                images = images[:, None]
+            C = images.shape[1]
+            feats = self.image_enc(images.reshape(B * C, *images.shape[2:])).view(B, C, -1)
+            if self.camera_emb is not None:
+                feats = feats + self.camera_emb[None, :C]
+            toks.append(feats)
         return torch.cat(toks, dim=1)
 
     def velocity(self, ctx: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -106,12 +119,14 @@ class FlowChunkModel(nn.Module):
     # -- sampling ----------------------------------------------------------------------
     def sample(self, state: torch.Tensor, image: torch.Tensor | None = None,
                prefix: torch.Tensor | None = None, delay: int = 0,
-               generator: torch.Generator | None = None) -> torch.Tensor:
+               generator: torch.Generator | None = None, execute_horizon: int | None = None,
+               lang: torch.Tensor | None = None) -> torch.Tensor:
         """Euler sampling of normalised chunks (B, H, m).
 
         prefix: (B, L, m) normalised actions of the previous chunk for slots 0..L-1 (the
         first ``delay`` are committed). rtc_mode 'prefix' writes the committed ones in;
-        'guidance' pulls the chunk toward the prefix with the soft mask (one VJP per step).
+        'guidance' pulls the chunk toward the prefix with the soft mask (one VJP per step)
+        spanning ``execute_horizon`` (the scheduler's s; default the one trained with).
         """
         cfg = self.cfg
         B, H, m = state.shape[0], cfg.chunk_size, cfg.action_dim
@@ -119,7 +134,7 @@ class FlowChunkModel(nn.Module):
         n = cfg.num_steps
         use_prefix = prefix is not None and prefix.shape[1] > 0 and cfg.rtc_mode != "none"
         with torch.no_grad():
-            ctx = self.context(state, image)
+            ctx = self.context(state, image, lang)
         if use_prefix:
             L = min(prefix.shape[1], H)
             target = torch.zeros(B, H, m)
@@ -128,7 +143,8 @@ class FlowChunkModel(nn.Module):
             if cfg.rtc_mode == "prefix":
                 clean = torch.arange(H) < d
             else:
-                mask = rtc_soft_mask(H, d, max(cfg.execute_horizon, d))
+                s = cfg.execute_horizon if execute_horizon is None else execute_horizon
+                mask = rtc_soft_mask(H, d, max(s, d))
                 mask[L:] = 0.0
                 mask = mask[None, :, None]
         for k in range(n):
@@ -175,30 +191,41 @@ class FlowPolicy(BasePolicy):
                              f"{self.cfg.state_names or ''}, got {tuple(s.shape)}")
         return ((s - self.model.state_mean) / self.model.state_std)[None]
 
-    def _image(self, image: np.ndarray | None) -> torch.Tensor | None:
-        if image is None or not self.cfg.image_size:
+    def _images(self, images: dict[str, np.ndarray]) -> torch.Tensor | None:
+        """Cameras by name -> (1, C, 3, S, S) in ``cfg.cameras`` order; errors name the camera."""
+        cfg = self.cfg
+        if not cfg.image_size:
             return None
-        size = self.cfg.image_size
-        if np.shape(image) != (size, size, 3):
-            raise ValueError(f"observation image must have shape ({size}, {size}, 3), got {np.shape(image)}")
-        return torch.as_tensor(np.asarray(image)).float().permute(2, 0, 1)[None] / 255.0
+        size, out = cfg.image_size, []
+        for name in cfg.cameras:
+            if name not in images:
+                raise ValueError(f"camera {name!r} missing: this policy needs {list(cfg.cameras)}, "
+                                 f"the observation has {sorted(images)}")
+            image = np.asarray(images[name])
+            if image.shape != (size, size, 3) or image.dtype != np.uint8:
+                raise ValueError(f"camera {name!r} must be a ({size}, {size}, 3) uint8 image, got "
+                                 f"{image.shape} {image.dtype}")
+            out.append(torch.as_tensor(image).float().permute(2, 0, 1) / 255.0)
+        return torch.stack(out)[None]
 
-    def predict_actions(self, state: np.ndarray, committed_prefix: np.ndarray | None = None,
-                        delay_steps: int | None = None, image: np.ndarray | None = None,
-                        guidance: np.ndarray | None = None) -> np.ndarray:
-        """state (n,) -> actions (H, m). ``guidance`` (L, m): previous chunk over the overlap
-        (defaults to the committed prefix); ``delay_steps`` defaults to len(prefix)."""
+    def _lang(self, instruction: str) -> torch.Tensor | None:
+        """Token ids (1, L) of the request's instruction; None: the one trained on."""
+        if not instruction or instruction == self.cfg.instruction:
+            return None
+        return hash_tokens(instruction, self.cfg.vocab_size)[None]
+
+    def infer(self, request: PolicyRequest) -> np.ndarray:
+        """request -> actions (H, m). ``guidance`` (L, m): previous chunk over the overlap
+        (defaults to the committed prefix)."""
         m = self.model
-        prefix = guidance if guidance is not None else committed_prefix
-        d = delay_steps if delay_steps is not None else (0 if committed_prefix is None else len(committed_prefix))
+        committed = request.committed_prefix
+        prefix = request.guidance if request.guidance is not None else committed
         p = None
         if prefix is not None and len(prefix):
             p = ((torch.as_tensor(np.asarray(prefix, np.float32)) - m.action_mean) / m.action_std)[None]
-        x = m.sample(self._norm_state(state), self._image(image), p, d, self._gen)
-        actions = (x[0] * m.action_std + m.action_mean).numpy()
-        if committed_prefix is not None and len(committed_prefix):
-            actions[: len(committed_prefix)] = committed_prefix  # committed slots are what runs
-        return np.clip(actions, -1.0, 1.0).astype(np.float32)
+        x = m.sample(self._norm_state(request.state), self._images(request.images), p, request.delay, self._gen,
+                     request.execute_horizon, self._lang(request.instruction))
+        return with_prefix((x[0] * m.action_std + m.action_mean).numpy(), committed)
 
     def save(self, path: str) -> None:
         from safetensors.torch import save_file  # noqa: PLC0415

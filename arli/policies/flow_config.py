@@ -22,7 +22,7 @@ class FlowHyperparams:
     rtc_mode: str = "guidance"  # none | guidance (inference-time RTC) | prefix (training-time RTC)
     rtc_max_weight: float = 5.0  # beta, clip of the guidance weight
     rtc_max_prefix: int = 6  # training-time RTC: max sampled delay
-    execute_horizon: int = 8  # s, used by the RTC soft mask
+    execute_horizon: int = 8  # s of the RTC soft mask when a request does not carry the scheduler's
 
     def validate(self) -> None:
         """ValueError naming the ``policy.*`` field that is out of range."""
@@ -46,8 +46,13 @@ class FlowPolicyConfig(FlowHyperparams):
     action_dim: int = 5
     vocab_size: int = 512  # hashed word vocabulary of the instruction embedding
     image_size: int = 0  # 0 = state only
+    cameras: list[str] = field(default_factory=list)  # camera names, one image token each
     state_names: list[str] = field(default_factory=list)
     instruction: str = ""
+
+    def __post_init__(self) -> None:
+        if self.image_size and not self.cameras:  # a checkpoint saved before cameras were named
+            self.cameras = ["front"]
 
     def validate(self) -> None:
         super().validate()

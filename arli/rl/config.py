@@ -29,25 +29,14 @@ class LearnerConfig:
     # critic is still wrong
     residual_scale: float = 0.3
     exploration_std: float = 0.1  # Gaussian noise on r during data collection
-    # temporal correlation of that noise: AR(1) e_t = rho e_{t-1} + sqrt(1 - rho^2) xi_t, reset at
-    # every episode, marginal std exploration_std. 0 = independent per step (the default).
-    # A correlated drift changes outcomes more than per-step noise, but the state then carries
-    # the past noise, E[e_t | s_t] != 0, and any regression onto the data's actions (AWR, the
-    # online rows) learns to continue the drift: measured, it costs 0.11-0.36 success
-    # (reports/learner_tuning.md). Only for updates that do not regress onto online actions
-    exploration_corr: float = 0.0
     target_noise: float = 0.2  # target policy smoothing (on r)
     target_noise_clip: float = 0.5
     policy_delay: int = 2  # actor / target updates every k critic updates
     anchor_ratio: float = 0.5  # share of each batch drawn from anchor replay (RLPD 50/50)
-    # actor loss = -q_weight * Q(s, pi(s)) / mean|Q| + anchor_weight * BC on anchor rows.
-    # q_weight > 0: the critic drives the actor (the method). q_weight = 0, q_filter = False:
-    # the behaviour-cloning control.
+    # how much the critic drives the actor (awr: the advantage's weight, dpg: the Q term) and
+    # how much the anchor rows count. q_weight = 0: the behaviour-cloning control.
     q_weight: float = 1.0
     anchor_weight: float = 1.0
-    # BC only on anchor rows whose action the critic values above the actor's (Q-filter,
-    # Nair et al. 2018): the anchor pulls where it is better, the critic decides elsewhere
-    q_filter: bool = True
     # how the critic drives the actor (reports/learner_tuning.md has the measurements):
     # "awr": advantage-weighted regression onto the data's actions, advantages from the
     #   critic's TD targets (the default: the only one that did not collapse at 15k steps);
@@ -55,21 +44,11 @@ class LearnerConfig:
     # "select": regress onto the highest-Q of nearby candidates and the row's own action
     #   (PA-RL/EXPO-style).
     actor_update: str = "awr"
-    # value gating when acting (EXPO): execute the highest-Q of {pi, base, gate_candidates - 2
-    # perturbations of pi (std gate_std on r)}; 0 or 1 = execute pi. Off by default: at this
-    # budget the critic does not rank nearby actions reliably (see the tuning report)
-    gate_candidates: int = 0
-    gate_std: float = 0.3
     # awr: weight exp(q_weight * advantage / awr_temperature), clipped. 0.02, not 0.05: at
     # d = 8 and 50k steps it lifted the start on 3 of 3 seeds (+0.15 mean), 0.05 by +0.05 on
-    # seed 0 (reports/learner_tuning.md); sweeps before 2026-12-01 ran 0.05
+    # seed 0 (reports/learner_tuning.md)
     awr_temperature: float = 0.02
     awr_max_weight: float = 20.0
-    # trust region to the start: + start_weight * mean_B ||r(s) - r_start(s)||^2 on every row,
-    # r_start the frozen anchor-pretrained actor (the zero residual, i.e. the base, without
-    # pretraining). Unlike continued BC on the anchor rows, it holds the start without fitting
-    # the 60 demonstrations any further (reports/learner_tuning.md)
-    start_weight: float = 0.0
     critic_warmup_updates: int = 2000  # critic-only updates before the actor moves
     pretrain_updates: int = 2000  # BC of the actor on anchor replay before online RL
     # 1e-4, not 1e-3: at 1e-3 the anchor-pretrained start swung between 0.42 and 0.86 success
@@ -83,6 +62,29 @@ class LearnerConfig:
     q_min: float = 0.0
     q_max: float = 1.0
     max_abs_q: float = 100.0
+
+    # -- experimental, off by default: each was measured and did not help at this budget
+    # (reports/learner_tuning.md); kept together here for the learner studies that use them
+    # temporal correlation of that noise: AR(1) e_t = rho e_{t-1} + sqrt(1 - rho^2) xi_t, reset at
+    # every episode, marginal std exploration_std. 0 = independent per step (off).
+    # A correlated drift changes outcomes more than per-step noise, but the state then carries
+    # the past noise, E[e_t | s_t] != 0, and any regression onto the data's actions (AWR, the
+    # online rows) learns to continue the drift: measured, it costs 0.11-0.36 success
+    # (reports/learner_tuning.md). Only for updates that do not regress onto online actions
+    exploration_corr: float = 0.0
+    # BC only on anchor rows whose action the critic values above the actor's (Q-filter,
+    # Nair et al. 2018): the anchor pulls where it is better, the critic decides elsewhere
+    q_filter: bool = False  # actor_update=dpg only
+    # value gating when acting (EXPO): execute the highest-Q of {pi, base, gate_candidates - 2
+    # perturbations of pi (std gate_std on r)}; 0 or 1 = execute pi. Off by default: at this
+    # budget the critic does not rank nearby actions reliably (see the tuning report)
+    gate_candidates: int = 0
+    gate_std: float = 0.3
+    # trust region to the start: + start_weight * mean_B ||r(s) - r_start(s)||^2 on every row,
+    # r_start the frozen anchor-pretrained actor (the zero residual, i.e. the base, without
+    # pretraining). Unlike continued BC on the anchor rows, it holds the start without fitting
+    # the 60 demonstrations any further (reports/learner_tuning.md)
+    start_weight: float = 0.0
 
     def validate(self) -> None:
         checks = {
@@ -103,6 +105,8 @@ class LearnerConfig:
             "learner.q_weight": (self.q_weight >= 0, ">= 0"),
             "learner.anchor_weight": (self.anchor_weight >= 0, ">= 0"),
             "learner.start_weight": (self.start_weight >= 0, ">= 0"),
+            "learner.q_filter": (not self.q_filter or self.actor_update == "dpg",
+                                 "false unless learner.actor_update=dpg (the Q-filter acts on dpg's BC term only)"),
             "learner.utd": (self.utd >= 1, ">= 1"),
             "learner.policy_delay": (self.policy_delay >= 1, ">= 1"),
             "learner.critic_warmup_updates": (self.critic_warmup_updates >= 0, ">= 0"),
@@ -135,7 +139,7 @@ INTERVENTION_MODES = ("takeover", "corrective")
 
 @dataclass
 class InterventionSpec:
-    """The simulated human intervener (see ``arli.rl.collect.Intervention``)."""
+    """The online intervener's settings (``arli.runtime.intervention.Intervention``)."""
 
     prob: float = 1.0  # share of training episodes the intervener watches
     after: int = 0  # it never acts before this step

@@ -34,7 +34,8 @@ from tqdm import tqdm
 from arli.policies.residual import EnsembleCritic, ResidualActor, compose_action
 from arli.rl.config import LearnerConfig
 from arli.rl.flat_adam import FlatAdam, FlatParameters
-from arli.rl.replay import SOURCES, ReplayBuffer, mixed_batch
+from arli.rl.replay import ReplayBuffer, mixed_batch
+from arli.types import SOURCES
 
 
 class LearnerDiverged(RuntimeError):

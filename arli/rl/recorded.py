@@ -10,7 +10,9 @@ import os
 import numpy as np
 
 from arli.errors import InputError
-from arli.rl.replay import INTERVENTION, ONLINE, NStepAccumulator, ReplayBuffer
+from arli.rl.replay import ReplayBuffer
+from arli.rl.transitions import NStepAccumulator
+from arli.types import INTERVENTION, ONLINE
 
 REQUIRED = ("arli.state", "base_action", "action", "intervention", "next.reward", "next.done")
 

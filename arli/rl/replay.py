@@ -1,4 +1,4 @@
-"""Replay of n-step transitions (numpy ring buffer) and the n-step accumulator.
+"""Replay of n-step transitions: a numpy ring buffer that samples torch batches.
 
 A stored transition: state s_t (D,), base action b_t (m,), executed action a_t (m,),
 n-step return R (sum of gamma^i r_{t+i}), bootstrap state s_{t+k} (D,) and its base action
@@ -8,58 +8,13 @@ b_{t+k} (m,), discount gamma^k (0 if the episode ended inside the k steps), and 
 
 from __future__ import annotations
 
-from collections import deque
-
 import numpy as np
 import torch
 
-from arli.types import TRANSITION_FIELDS, Transition
+from arli.rl.transitions import RowLayout
+from arli.types import ONLINE, TRANSITION_FIELDS, Transition
 
-SOURCES = ("online", "demo", "intervention")
-ONLINE, DEMO, INTERVENTION = range(3)
 FIELDS = TRANSITION_FIELDS
-
-
-class NStepAccumulator:
-    """Turns per-step transitions of one episode into n-step transitions.
-
-    A window never spans a change of who acts (residual <-> demonstrator/intervener): the
-    residual's n-step target must not count the intervener's actions as its own, and an
-    intervention segment's return is the intervener's. When the actor changes, the window
-    is flushed and bootstraps from the state where the other one took over.
-    """
-
-    def __init__(self, n: int, gamma: float):
-        if n < 1 or not 0 < gamma <= 1:
-            raise ValueError(f"n_step must be >= 1 and gamma in (0, 1], got n={n}, gamma={gamma}")
-        self.n, self.gamma = n, gamma
-        self._window: deque = deque()
-
-    def push(self, state, base, action, reward: float, next_state, next_base,
-             terminated: bool, truncated: bool, source: int = ONLINE) -> list[Transition]:
-        """Add step t (its action chosen by ``source``); returns the n-step transitions that
-        are complete now. ``truncated`` without ``terminated`` bootstraps."""
-        out: list[Transition] = []
-        if self._window and self._window[0][4] != source:
-            while self._window:  # actor changed at s_t: bootstrap the old window from s_t
-                out.append(self._emit(state, base, False))
-        self._window.append((state, base, action, float(reward), source))
-        if terminated or truncated:
-            while self._window:  # flush: shorter returns, bootstrap only if not terminated
-                out.append(self._emit(next_state, next_base, terminated))
-        elif len(self._window) == self.n:
-            out.append(self._emit(next_state, next_base, False))
-        return out
-
-    def _emit(self, next_state, next_base, terminated: bool) -> Transition:
-        k = len(self._window)
-        ret = sum(self.gamma**i * step[3] for i, step in enumerate(self._window))
-        state, base, action, _, source = self._window.popleft()
-        return Transition(state, base, action, ret, next_state, next_base,
-                          0.0 if terminated else self.gamma**k, source)
-
-    def reset(self) -> None:
-        self._window.clear()
 
 
 class ReplayBuffer:
@@ -71,14 +26,9 @@ class ReplayBuffer:
 
     def __init__(self, capacity: int, state_dim: int, action_dim: int):
         self.capacity = capacity
-        widths = {"state": state_dim, "base": action_dim, "action": action_dim, "ret": 0,
-                  "next_state": state_dim, "next_base": action_dim, "discount": 0, "source": 0}
-        self.columns: dict[str, slice | int] = {}
-        pos = 0
-        for key, width in widths.items():  # width 0 = a scalar column
-            self.columns[key] = slice(pos, pos + width) if width else pos
-            pos += max(width, 1)
-        self.rows = np.zeros((capacity, pos), np.float32)
+        self.layout = RowLayout(state_dim, action_dim)
+        self.columns = self.layout.columns
+        self.rows = np.zeros((capacity, self.layout.width), np.float32)
         self.data = {k: self.rows[:, col] for k, col in self.columns.items()}
         self.size = 0
         self.cursor = 0
@@ -132,10 +82,7 @@ class ReplayBuffer:
 
     def row(self, transition: Transition | dict) -> np.ndarray:
         """One transition as a (W,) row of this layout."""
-        row = np.empty(self.rows.shape[1], np.float32)
-        for key, col in self.columns.items():
-            row[col] = np.asarray(transition[key], np.float32)
-        return row
+        return self.layout.row(transition)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {**{f"data.{k}": v[: self.size] for k, v in self.data.items()},

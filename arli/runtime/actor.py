@@ -12,12 +12,13 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+
 from arli.augment import StateBuilder
-from arli.policies.residual import ResidualActing
 from arli.chunking import ChunkScheduler
-from arli.rl.collect import ResidualController
+from arli.policies.residual_np import ResidualActing
 from arli.rl.config import LearnerConfig
-from arli.rl.replay import ReplayBuffer
+from arli.rl.transitions import RowLayout, TransitionBuilder
+from arli.runtime.acting import ResidualController
 from arli.runtime.clock import MonotonicClock
 from arli.runtime.link import LearnerLink
 from arli.runtime.loop import run_episode
@@ -26,34 +27,41 @@ from arli.types import Observation, StepInfo
 log = logging.getLogger("arli.actor")
 
 
-class RowSink:
-    """Turns the controller's n-step transitions into replay rows for the link."""
-
-    def __init__(self, link: LearnerLink, state_dim: int, action_dim: int):
-        self.link, self.layout = link, ReplayBuffer(1, state_dim, action_dim)
-
-    def add(self, transition) -> None:
-        row = self.layout.row(transition)
-        if np.all(np.isfinite(row)):
-            self.link.add_row(row)
-
-
 class RemoteResidualController(ResidualController):
-    """``ResidualController`` whose weights come from the link, swapped in between steps."""
+    """``ResidualController`` whose weights come from the link, swapped in between steps, and
+    whose transitions go to the link as replay rows (NaN/inf rows are not sent)."""
 
-    def __init__(self, learner: ResidualActing, builder: StateBuilder, link: LearnerLink, train: bool = True):
-        super().__init__(learner, builder, train=train, sink=RowSink(link, builder.dim, learner.action_dim))
-        self.link = link
+    def __init__(self, policy: ResidualActing, builder: StateBuilder, link: LearnerLink, train: bool = True,
+                 intervention=None):
+        cfg = policy.cfg
+        super().__init__(policy, builder, train=train, intervention=intervention,
+                         transitions=TransitionBuilder(cfg.n_step, cfg.gamma,
+                                                       intervention.spec.takeover_penalty if intervention else 0.0))
+        self.link, self.layout = link, RowLayout(builder.dim, policy.action_dim)
         self.version = 0
         self.done = False
         self.residual_s: list[float] = []  # state build + actor forward, per step
         self._last: tuple | None = None  # the last step's (observation, StepInfo), for warm()
 
+    def _send(self) -> None:
+        for transition in self.take_transitions():
+            row = self.layout.row(transition)
+            if np.all(np.isfinite(row)):
+                self.link.add_row(row)
+
+    def after_step(self, t: int, reward: float, terminated: bool, truncated: bool) -> None:
+        super().after_step(t, reward, terminated, truncated)
+        self._send()
+
+    def end(self, obs: Observation, info: StepInfo, terminated: bool, truncated: bool) -> None:
+        super().end(obs, info, terminated, truncated)
+        self._send()
+
     def swap_weights(self) -> None:
         new = self.link.take_weights()
         if new is not None:
             version, arrays, meta = new
-            self.learner.actor.load(arrays)
+            self.policy.actor.load(arrays)
             self.version, self.done = version, bool(meta.get("done", False))
 
     def warm(self) -> None:
@@ -62,9 +70,9 @@ class RemoteResidualController(ResidualController):
         period of sleep the code and weights are out of the caches; measured on this
         machine, a cold forward pass takes about 3x a warm one."""
         self.swap_weights()
-        self.learner.prepare()
+        self.policy.prepare()
         if self._last is not None:
-            self.learner.actor(self.builder.build(*self._last))
+            self.policy.actor(self.builder.build(*self._last))
 
     def act(self, t: int, obs: Observation, info: StepInfo) -> np.ndarray:
         self.swap_weights()
@@ -121,7 +129,7 @@ def run_actor(driver, inference, link: LearnerLink, chunking: dict, seeds, weigh
               intervention=None, wrap=None) -> tuple[ActorStats, RemoteResidualController]:
     """Episodes until the learner says it is done (or ``max_episodes``).
 
-    ``intervention``: a person's device (``arli.rl.collect.Intervention``) that can take
+    ``intervention``: a person's device (``arli.runtime.intervention.Intervention``) that can take
     over; their steps are sent as intervention transitions. ``wrap``: ctl -> the controller
     the loop runs (the recorder around the residual), built once the residual is known.
     """
@@ -131,8 +139,7 @@ def run_actor(driver, inference, link: LearnerLink, chunking: dict, seeds, weigh
                          f"sends {inference.chunk_size}: start `arli learner` with chunk_size="
                          f"{inference.chunk_size} (robot=franka) or the same base checkpoint as the server")
     learner, builder = residual_from_weights(arrays, meta, driver.state_dim, driver.action_dim, seed)
-    ctl = RemoteResidualController(learner, builder, link)
-    ctl.intervention = intervention
+    ctl = RemoteResidualController(learner, builder, link, intervention=intervention)
     ctl.version, ctl.done = version, bool(meta.get("done", False))
     loop_ctl = wrap(ctl) if wrap is not None else ctl
     scheduler = ChunkScheduler(inference.chunk_size, action_dim=driver.action_dim, **chunking)

@@ -1,8 +1,8 @@
 """Inference endpoints the runtime sends chunk requests to.
 
-Both answer the same three questions, so the runtime loop is identical in sim and on a
-robot: what delay to expect for the next request, ``submit`` a request (never blocks) and
-``poll`` the replies that have arrived by control step ``step``.
+Both answer the same questions, so the runtime loop is identical in sim and on a robot:
+what delay to plan the next request for, ``submit`` a request (never blocks) and ``poll``
+the replies that have arrived by control step ``step`` (``arli.interfaces.InferenceEndpoint``).
 
 * ``SimInference``: the policy runs in-process at ``submit``; its reply is released
   ``d`` steps later, ``d`` drawn from a latency model (sim time, deterministic).
@@ -12,49 +12,13 @@ robot: what delay to expect for the next request, ``submit`` a request (never bl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Protocol
+import time
 
 import numpy as np
 
 from arli.latency import LatencyModel, to_delay_steps
 from arli.policies.base import BasePolicy
-from arli.types import ChunkRequest, Observation
-
-
-@dataclass(frozen=True)
-class ChunkReply:
-    """A chunk (H, m) answering ``request_id``; ``meta`` carries timing (latency_s, ...).
-    ``actions`` is None when the server answered with an error (``meta["error"]``)."""
-
-    request_id: int
-    actions: np.ndarray | None
-    meta: dict = field(default_factory=dict)
-
-
-class InferenceEndpoint(Protocol):
-    chunk_size: int
-    action_dim: int
-
-    def begin_episode(self, seed: int) -> None: ...
-
-    def next_delay(self) -> int:
-        """Delay (steps) the scheduler should assume for the request about to be sent."""
-
-    def submit(self, request: ChunkRequest, history: list[Observation]) -> bool:
-        """Send a request (with ``n_obs_steps - 1`` earlier control steps); False if it could
-        not be sent (no server connected)."""
-
-    def poll(self, step: int) -> list[ChunkReply]:
-        """Replies available before control step ``step`` runs."""
-
-    def healthy(self) -> bool:
-        """Whether a server is reachable (the runtime holds while it is not)."""
-
-
-def frames(history: list[Observation]) -> list[tuple[np.ndarray, np.ndarray | None]]:
-    """Observations -> (state, first image | None) pairs for ``BasePolicy.set_history``."""
-    return [(o.state, next(iter(o.images.values()), None)) for o in history]
+from arli.types import ChunkReply, ChunkRequest, Observation
 
 
 class SimInference:
@@ -63,7 +27,7 @@ class SimInference:
     def __init__(self, policy: BasePolicy, latency: LatencyModel, rng: np.random.Generator, dt: float):
         self.policy, self.latency, self.rng, self.dt = policy, latency, rng, dt
         self.chunk_size, self.action_dim = policy.chunk_size, policy.action_dim
-        self.n_obs_steps = int(getattr(policy, "n_obs_steps", 1))
+        self.n_obs_steps = int(policy.n_obs_steps)
         self._pending: list[tuple[int, ChunkReply]] = []
         self._next_delay: int | None = None
 
@@ -81,10 +45,7 @@ class SimInference:
         self._next_delay = None
         if d != request.delay_steps:
             raise RuntimeError(f"request assumed delay {request.delay_steps}, the model drew {d}")
-        obs = request.observation
-        self.policy.set_history(frames(history))
-        actions = self.policy.predict_actions(obs.state, request.committed_prefix, d,
-                                              next(iter(obs.images.values()), None), request.guidance)
+        actions = self.policy.infer(request.policy_request(history))
         self._pending.append((request.t0 + d, ChunkReply(request.request_id, actions,
                                                          {"latency_s": d * self.dt})))
         return True
@@ -96,3 +57,8 @@ class SimInference:
 
     def healthy(self) -> bool:
         return True
+
+    def drain(self, timeout_s: float = 0.0) -> None:
+        """Nothing arrives from outside: a real-time clock waiting on this endpoint sleeps."""
+        if timeout_s > 0:
+            time.sleep(timeout_s)

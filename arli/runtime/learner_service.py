@@ -5,11 +5,12 @@
   ignored, gaps refused), so replay receives every transition exactly once.
 * The acknowledgement carries ``applied_seq`` and ``durable_seq`` (applied and written to
   a checkpoint); actors keep batches until they are durable.
-* Updates follow the same update-to-data ratio as in-process (``learner.utd`` per
-  transition once ``learn_after`` rows are in replay), interleaved with receiving.
+* Rows go to the same ``Trainer`` as in process (``arli.rl.trainer``): it routes them to
+  replay and owes ``learner.utd`` updates per environment step once ``learn_after`` rows
+  are in; the service runs them interleaved with receiving.
 * Weights are published on a PUB socket with a version number, on every
   ``publish_every`` updates and at least once a second (late joiners get them).
-* Checkpoints are atomic (``Finetuner.save`` + ``service.json`` via rename) and a restarted
+* Checkpoints are atomic (the run's ``save`` + ``service.json`` via rename) and a restarted
   service resumes from them.
 """
 
@@ -19,12 +20,12 @@ import json
 import logging
 import os
 import time
+from typing import Callable
 
 import numpy as np
 import zmq
 
-from arli.finetune import Finetuner
-from arli.rl.replay import ONLINE
+from arli.rl.trainer import Trainer
 from arli.transport.codec import ProtocolError, decode, encode, error_frame
 from arli.transport.zmq_io import CurveConfig, bind_socket, stop_auth
 
@@ -32,10 +33,18 @@ log = logging.getLogger("arli.learner")
 
 
 class LearnerService:
-    def __init__(self, ft: Finetuner, transitions_addr: str, weights_addr: str, checkpoint_dir: str,
-                 target_env_steps: int, curve: CurveConfig | None = None, publish_every: int = 50,
-                 checkpoint_every_s: float = 10.0):
-        self.ft, self.checkpoint_dir, self.target = ft, checkpoint_dir, target_env_steps
+    """``trainer``: the learner and its replays. ``weights_meta``: what an actor needs to
+    rebuild the residual (variant, state dim, chunk size, episode steps, learner config) and
+    ``norm``: its state normalisation arrays, both sent with every weights message.
+    ``save_run`` / ``load_run``: the run's own checkpoint of a directory (trainer included)."""
+
+    def __init__(self, trainer: Trainer, weights_meta: dict, norm: dict[str, np.ndarray],
+                 save_run: Callable[[str], None], load_run: Callable[[str], None],
+                 transitions_addr: str, weights_addr: str, checkpoint_dir: str, target_env_steps: int,
+                 curve: CurveConfig | None = None, publish_every: int = 50, checkpoint_every_s: float = 10.0):
+        self.trainer, self.weights_meta, self.norm = trainer, weights_meta, norm
+        self.save_run, self.load_run = save_run, load_run
+        self.checkpoint_dir, self.target = checkpoint_dir, target_env_steps
         self.publish_every, self.checkpoint_every_s = publish_every, checkpoint_every_s
         self.ctx = zmq.Context()
         self.router = bind_socket(self.ctx, zmq.ROUTER, transitions_addr, curve)
@@ -46,23 +55,24 @@ class LearnerService:
         self.episodes: list[dict] = []
         self.received_rows = 0
         self.duplicates = 0
-        self.rejected_rows = 0
         self.version = 0
-        self._owed = 0.0
         self._last_publish = 0.0
         self._last_checkpoint = time.perf_counter()
-        self.src_col = ft.online.columns["source"]
 
     # -- state -------------------------------------------------------------------------
     @property
     def env_steps(self) -> int:
-        return self.ft.controller.env_steps
+        return self.trainer.env_steps
+
+    @property
+    def rejected_rows(self) -> int:
+        return self.trainer.rejected_rows
 
     def save(self) -> None:
         """Atomic checkpoint of learner + replay + per-actor sequence numbers."""
-        self.ft.save(self.checkpoint_dir)
+        self.save_run(self.checkpoint_dir)
         state = {"applied": self.applied, "episodes": self.episodes, "version": self.version,
-                 "received_rows": self.received_rows, "owed": self._owed}
+                 "received_rows": self.received_rows}
         path = os.path.join(self.checkpoint_dir, "service.json")
         with open(path + ".tmp", "w", encoding="utf-8") as fh:
             json.dump(state, fh)
@@ -78,13 +88,13 @@ class LearnerService:
         path = os.path.join(self.checkpoint_dir, "service.json")
         if not os.path.exists(path):
             return False
-        self.ft.load(self.checkpoint_dir)
+        self.load_run(self.checkpoint_dir)
         with open(path, encoding="utf-8") as fh:
             state = json.load(fh)
         self.applied = {k: int(v) for k, v in state["applied"].items()}
         self.durable = dict(self.applied)
         self.episodes, self.version = state["episodes"], state["version"]
-        self.received_rows, self._owed = state["received_rows"], state["owed"]
+        self.received_rows = state["received_rows"]
         return True
 
     # -- messages ----------------------------------------------------------------------
@@ -111,29 +121,20 @@ class LearnerService:
 
     def _apply(self, msg) -> None:
         rows = msg["rows"]
-        if len(rows):
-            online = rows[:, self.src_col] == ONLINE
-            n = self.ft.online.add_rows(rows[online]) + self.ft.anchor.add_rows(rows[~online])
-            if n < len(rows):  # NaN/inf rows are never stored; say so instead of losing them silently
-                self.rejected_rows += len(rows) - n
-                log.warning("actor %s batch %d: %d row(s) with NaN/inf not stored", msg["actor_id"], msg["seq"],
-                            len(rows) - n)
-            self.received_rows += n
-            self.ft.controller.env_steps += n  # one transition per control step
-            self.ft.controller.intervened_steps += int((~online).sum())
-            if len(self.ft.online) + len(self.ft.anchor) >= self.ft.spec.learn_after:
-                self._owed += self.ft.spec.learner.utd * n
+        n = self.trainer.ingest_rows(rows)
+        if n < len(rows):  # NaN/inf rows are never stored; say so instead of losing them silently
+            log.warning("actor %s batch %d: %d row(s) with NaN/inf not stored", msg["actor_id"], msg["seq"],
+                        len(rows) - n)
+        self.received_rows += n
         for ep in msg.get("episodes", []):
             self.episodes.append({**ep, "actor_id": msg["actor_id"], "env_steps": self.env_steps})
 
     def publish(self, done: bool = False) -> None:
         self.version += 1
-        ft = self.ft
-        arrays = {k: v.detach().cpu().numpy() for k, v in ft.learner.actor.state_dict().items()}
-        arrays["obs_mean"], arrays["obs_std"] = ft.builder.mean.astype(np.float32), ft.builder.std.astype(np.float32)
-        meta = {"done": done, "env_steps": self.env_steps, "updates": ft.learner.updates,
-                "variant": ft.spec.variant, "state_dim": ft.builder.dim, "chunk_size": ft.builder.H,
-                "episode_steps": ft.builder.T, "learner": dict(vars(ft.spec.learner))}
+        learner = self.trainer.learner
+        arrays = {k: v.detach().cpu().numpy() for k, v in learner.actor.state_dict().items()}
+        arrays.update(self.norm)
+        meta = {**self.weights_meta, "done": done, "env_steps": self.env_steps, "updates": learner.updates}
         self.pub.send(encode("weights", version=self.version, arrays=arrays, meta=meta))
         self._last_publish = time.perf_counter()
 
@@ -145,17 +146,17 @@ class LearnerService:
         while self.env_steps < self.target and not (stop is not None and stop.is_set()):
             if deadline is not None and time.perf_counter() > deadline:
                 break
-            while self.router.poll(0 if self._owed >= 1 else 20):
+            while self.router.poll(0 if self.trainer.owed else 20):
                 frames = self.router.recv_multipart()
                 if len(frames) >= 2:
                     before = self.env_steps
                     self.router.send_multipart([frames[0], self.handle(frames[1:], frames[0])])
                     if progress is not None and self.env_steps > before:
                         progress(self)
-            for _ in range(min(int(self._owed), 8)):
-                self.ft.learner.update(self.ft.online, self.ft.anchor)
-                self._owed -= 1
-                if self.ft.learner.updates % self.publish_every == 0:
+            for _ in range(8):  # at most 8 updates between two polls: actors are answered promptly
+                if not self.trainer.run_owed(limit=1):
+                    break
+                if self.trainer.learner.updates % self.publish_every == 0:
                     self.publish()
             now = time.perf_counter()
             if now - self._last_publish > 1.0:

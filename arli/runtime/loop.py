@@ -4,7 +4,7 @@ Every control step t::
 
     wait for tick t  ->  land replies  ->  maybe request a chunk (o_t)  ->  scheduler: b_t, StepInfo
     ->  controller: a_t (ARLI state -> residual, or the intervener)  ->  driver executes a_t
-    ->  controller sees (r_t, done): transitions
+    ->  controller sees (r_t, done)
 
 The loop depends on three interfaces only: a ``RobotDriver`` (sim task or Franka), an
 inference endpoint (in-process ``SimInference`` or the ZeroMQ ``RemoteInference``) and a
@@ -21,33 +21,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from arli.chunking import ChunkScheduler
+from arli.interfaces import InferenceEndpoint, StepController
 from arli.runtime.clock import MonotonicClock, SimClock
-from arli.runtime.inference import ChunkReply, InferenceEndpoint
-from arli.types import Observation, StepInfo
+from arli.types import ChunkReply, Observation
 from robot_drivers.base import RobotDriver, RobotFault
-
-
-class StepController:
-    """Decides the executed action and sees the outcome of every step.
-
-    The default executes the base action; the residual (``ResidualController``) and the
-    recorders override ``act`` and collect transitions in ``after_step`` / ``end``.
-    """
-
-    def begin_episode(self) -> None:
-        """A new episode starts (called before its first step)."""
-
-    def act(self, t: int, obs: Observation, info: StepInfo) -> np.ndarray:
-        return info.base_action
-
-    def after_step(self, t: int, reward: float, terminated: bool, truncated: bool) -> None:
-        """Outcome of the action chosen by ``act`` at step t."""
-
-    def end(self, obs: Observation, info: StepInfo, terminated: bool, truncated: bool) -> None:
-        """Episode over: the final observation and what the scheduler would do next."""
 
 
 @dataclass
@@ -66,62 +44,85 @@ class EpisodeResult:
     request_log: list[dict] = field(default_factory=list)  # one entry per landed reply
 
 
-def run_episode(driver: RobotDriver, inference: InferenceEndpoint, scheduler: ChunkScheduler,
-                clock: SimClock | MonotonicClock, seed: int, controller: StepController | None = None,
-                request_timeout_steps: int | None = None) -> EpisodeResult:
-    """One episode of the control loop; returns what happened (success, delays, faults)."""
-    ctl = controller or StepController()
-    obs = driver.reset(seed)
-    inference.begin_episode(seed)
-    scheduler.reset()
-    ctl.begin_episode()
-    history: deque[Observation] = deque(maxlen=max(int(getattr(inference, "n_obs_steps", 1)) - 1, 0))
-    result = EpisodeResult(False, 0, 0, 0)
-    timeout = request_timeout_steps or 10 * scheduler.chunk_size
+class Episode:
+    """One episode of the control loop, one control step per ``step()`` call.
 
-    def land(step: int) -> None:
-        for reply in inference.poll(step):
-            _land(scheduler, reply, step, result)
+    ``run_episode`` runs it to the end; a finetuning run steps it itself, so that its
+    per-step loop (step, take the transitions, run the owed updates) reads top to bottom
+    with this loop underneath. ``finish()`` ends the episode (the controller's ``end``).
+    """
 
-    clock.start()
-    t, done, terminated, truncated = 0, False, False, False
-    try:
-        while not done:
-            clock.wait(t, getattr(inference, "drain", None), getattr(ctl, "warm", None))
-            obs = driver.observe()  # o_t, captured at the tick
-            land(t)  # replies that arrived during the last period switch in first
+    def __init__(self, driver: RobotDriver, inference: InferenceEndpoint, scheduler: ChunkScheduler,
+                 clock: SimClock | MonotonicClock, seed: int, controller: StepController | None = None,
+                 request_timeout_steps: int | None = None):
+        self.driver, self.inference, self.scheduler, self.clock = driver, inference, scheduler, clock
+        self.ctl = controller or StepController()
+        self.obs = driver.reset(seed)
+        inference.begin_episode(seed)
+        scheduler.reset()
+        self.ctl.begin_episode()
+        self.history: deque[Observation] = deque(maxlen=max(int(inference.n_obs_steps) - 1, 0))
+        self.result = EpisodeResult(False, 0, 0, 0)
+        self.timeout = request_timeout_steps or 10 * scheduler.chunk_size
+        self.t, self.done, self.terminated, self.truncated = 0, False, False, False
+        clock.start()
+
+    def _land(self, step: int) -> None:
+        for reply in self.inference.poll(step):
+            _land(self.scheduler, reply, step, self.result)
+
+    def step(self) -> None:
+        """Control step t: wait for the tick, land replies, maybe request, act, see the outcome."""
+        t, inference, scheduler, result = self.t, self.inference, self.scheduler, self.result
+        try:
+            self.clock.wait(t, inference.drain, self.ctl.warm)
+            obs = self.obs = self.driver.observe()  # o_t, captured at the tick
+            self._land(t)  # replies that arrived during the last period switch in first
             flight = scheduler.in_flight
             if not inference.healthy():
                 if scheduler.active is not None or flight is not None:
                     scheduler.abort()  # hold now: the plan's future is gone with its server
                 result.server_lost_steps += 1
-            elif flight is not None and t - flight.request.t0 > timeout:
+            elif flight is not None and t - flight.request.t0 > self.timeout:
                 scheduler.cancel()
                 result.abandoned += 1
             if inference.healthy() and scheduler.should_request(t):
                 request = scheduler.make_request(obs, t, inference.next_delay())
-                if inference.submit(request, list(history)):
+                if inference.submit(request, list(self.history)):
                     result.requests += 1
-                    land(t)  # d = 0 in sim time: available before this step runs
+                    self._land(t)  # d = 0 in sim time: available before this step runs
                 else:
                     scheduler.cancel()
             info = scheduler.step(t)
-            action = ctl.act(t, obs, info)
-            if history.maxlen:
-                history.append(obs)
-            step = driver.act(action)
-            ctl.after_step(t, step.reward, step.terminated, step.truncated)
-            obs, terminated, truncated = step.observation, step.terminated, step.truncated
-            result.success = step.success
-            t += 1
-            done = terminated or truncated
-    except RobotFault as exc:  # the robot is gone: end the episode cleanly, keep its data
-        result.robot_fault = str(exc)
-        terminated, truncated = False, True
-    land(t)
-    ctl.end(obs, scheduler.peek(t), terminated, truncated)
-    result.steps, result.starved_steps = t, scheduler.starved_steps
-    return result
+            action = self.ctl.act(t, obs, info)
+            if self.history.maxlen:
+                self.history.append(obs)
+            out = self.driver.act(action)
+            self.ctl.after_step(t, out.reward, out.terminated, out.truncated)
+            self.obs, self.terminated, self.truncated = out.observation, out.terminated, out.truncated
+            result.success = out.success
+            self.t = t + 1
+            self.done = out.terminated or out.truncated
+        except RobotFault as exc:  # the robot is gone: end the episode cleanly, keep its data
+            result.robot_fault = str(exc)
+            self.terminated, self.truncated, self.done = False, True, True
+
+    def finish(self) -> EpisodeResult:
+        """End the episode: late replies land, the controller sees the final observation."""
+        self._land(self.t)
+        self.ctl.end(self.obs, self.scheduler.peek(self.t), self.terminated, self.truncated)
+        self.result.steps, self.result.starved_steps = self.t, self.scheduler.starved_steps
+        return self.result
+
+
+def run_episode(driver: RobotDriver, inference: InferenceEndpoint, scheduler: ChunkScheduler,
+                clock: SimClock | MonotonicClock, seed: int, controller: StepController | None = None,
+                request_timeout_steps: int | None = None) -> EpisodeResult:
+    """One episode of the control loop; returns what happened (success, delays, faults)."""
+    episode = Episode(driver, inference, scheduler, clock, seed, controller, request_timeout_steps)
+    while not episode.done:
+        episode.step()
+    return episode.finish()
 
 
 def _land(scheduler: ChunkScheduler, reply: ChunkReply, step: int, result: EpisodeResult) -> None:

@@ -16,9 +16,10 @@ from typing import Sequence
 
 import numpy as np
 
+from arli.interfaces import StepController
 from arli.record import EpisodeRecorder
-from arli.runtime.loop import StepController
 from arli.types import Observation, StepInfo
+from robot_drivers.base import RobotDriver
 from robot_drivers.teleop.base import Event
 
 log = logging.getLogger("arli.recording")
@@ -85,7 +86,7 @@ class RecordingController(StepController):
     recorder: EpisodeRecorder
     task: str
     proprio_dim: int
-    driver: object | None = None
+    driver: RobotDriver | None = None
     save_failed: bool = True
     summaries: list[EpisodeSummary] = field(default_factory=list)
 
@@ -107,19 +108,20 @@ class RecordingController(StepController):
 
     def act(self, t: int, obs: Observation, info: StepInfo) -> np.ndarray:
         action = np.asarray(self.inner.act(t, obs, info), np.float32)
-        step = getattr(self.inner, "last_step", None) or {}
-        self._handle_events(step.get("events", ()))
+        decision = self.inner.last_decision
+        self._handle_events(decision.events if decision is not None else ())
         base = np.asarray(info.base_action, np.float32)
-        proposed = np.asarray(step.get("proposed", action), np.float32)
+        proposed = np.asarray(decision.proposed if decision is not None else action, np.float32)
         state = np.asarray(obs.state, np.float32)
         frame = {
             "observation.state": state[: self.proprio_dim],
             "action": action,
             "base_action": base,
             "residual_action": proposed - base,
-            "intervention": np.array([bool(step.get("intervened", False))]),
+            "intervention": np.array([decision is not None and decision.intervened]),
             # a controller without an ARLI state (plain base policy) records zeros
-            "arli.state": np.asarray(step.get("state", np.zeros(self._arli_dim)), np.float32),
+            "arli.state": np.asarray(decision.state if decision is not None else np.zeros(self._arli_dim),
+                                     np.float32),
             "delay_steps": np.array([info.delay_steps], np.int64),
             "chunk_id": np.array([info.chunk_id], np.int64),
             "chunk_slot": np.array([info.index_in_chunk], np.int64),
@@ -167,9 +169,7 @@ class RecordingController(StepController):
 
     def warm(self) -> None:
         """Before the tick (real clock): let the wrapped controller prepare."""
-        warm = getattr(self.inner, "warm", None)
-        if warm is not None:
-            warm()
+        self.inner.warm()
 
     def _images(self, obs: Observation) -> dict[str, np.ndarray]:
         """One frame per camera of the dataset; a camera with no fresh frame this step
@@ -193,8 +193,5 @@ class RecordingController(StepController):
 
     def _end_now(self, success: bool, why: str) -> None:
         self._verdict = why
-        end = getattr(self.driver, "end_episode", None)
-        if end is not None:
-            end(success)
-        else:
+        if self.driver is None or not self.driver.end_episode(success):
             log.warning("operator said %s, but this driver cannot end an episode early", why)

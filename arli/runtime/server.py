@@ -25,8 +25,39 @@ import arli
 from arli.policies.base import BasePolicy
 from arli.transport.codec import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ProtocolError, decode, encode, error_frame
 from arli.transport.zmq_io import CurveConfig, bind_socket, stop_auth
+from arli.types import Observation, PolicyRequest
 
 log = logging.getLogger("arli.serve")
+
+
+def _images(value, where: str) -> dict[str, np.ndarray]:
+    """An ``images`` map off the wire: camera name -> (h, w, 3) uint8, or a schema error
+    naming the camera."""
+    if not isinstance(value, dict):
+        raise ProtocolError("schema", f"{where}: images must be a map of camera name -> image")
+    out = {}
+    for name, image in value.items():
+        if not isinstance(name, str) or not isinstance(image, np.ndarray) or image.ndim != 3 \
+                or image.shape[2] != 3 or image.dtype != np.uint8:
+            got = f"{image.shape} {image.dtype}" if isinstance(image, np.ndarray) else type(image).__name__
+            raise ProtocolError("schema", f"{where}: camera {name!r} must be an (h, w, 3) uint8 image, got {got}")
+        out[name] = image
+    return out
+
+
+def policy_request(msg) -> PolicyRequest:
+    """An ``infer`` message -> the typed request every policy takes: every camera by name,
+    the instruction, the committed prefix, delay, guidance, execute horizon and history."""
+    history = []
+    for i, h in enumerate(msg.get("history") or []):
+        if not isinstance(h, dict) or not isinstance(h.get("state"), np.ndarray) or h["state"].ndim != 1:
+            raise ProtocolError("schema", f"infer: history[{i}] must be a map with a 1-d state array")
+        history.append(Observation(h["state"].astype(np.float32), -1,
+                                   images=_images(h.get("images") or {}, f"infer: history[{i}]")))
+    obs = Observation(np.asarray(msg["state"], np.float32), int(msg["t0"]), float(msg["capture_ts"]),
+                      _images(msg.get("images") or {}, "infer"), msg.get("instruction") or "")
+    return PolicyRequest(obs, msg.get("committed_prefix"), int(msg["delay_steps"]), msg.get("guidance"),
+                         msg.get("execute_horizon"), tuple(history))
 
 
 class InferenceServer:
@@ -35,7 +66,7 @@ class InferenceServer:
                  max_bytes: int = MAX_MESSAGE_BYTES):
         self.policy, self.address, self.min_latency_s, self.max_bytes = policy, address, min_latency_s, max_bytes
         self.meta = {"chunk_size": int(policy.chunk_size), "action_dim": int(policy.action_dim),
-                     "n_obs_steps": int(getattr(policy, "n_obs_steps", 1)),
+                     "n_obs_steps": int(policy.n_obs_steps),
                      "policy": type(policy).__name__, "protocol": PROTOCOL_VERSION,
                      "arli": arli.__version__, **(meta or {})}
         self.ctx = zmq.Context()
@@ -73,16 +104,10 @@ class InferenceServer:
             return error_frame("policy", f"{type(exc).__name__}: {exc}", request_id)
 
     def _infer(self, msg, recv: float) -> bytes:
-        history = [(np.array(h["state"], np.float32), next(iter(h.get("images", {}).values()), None))
-                   for h in msg.get("history", []) if isinstance(h, dict) and "state" in h]
-        images = msg.get("images") or {}
+        request = policy_request(msg)
         start = time.perf_counter()
-        self.policy.set_history(history)
-        actions = self.policy.predict_actions(np.array(msg["state"], np.float32), msg.get("committed_prefix"),
-                                              msg["delay_steps"], next(iter(images.values()), None),
-                                              msg.get("guidance"))
+        actions = np.asarray(self.policy.infer(request), np.float32)
         end = time.perf_counter()
-        actions = np.asarray(actions, np.float32)
         if not np.all(np.isfinite(actions)):
             raise ProtocolError("policy", "the policy produced NaN/inf actions; not sent")
         timing = {"queue_s": start - recv, "compute_s": end - start, "server_s": end - recv}

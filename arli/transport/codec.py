@@ -147,6 +147,7 @@ SCHEMAS: dict[str, dict[str, Field]] = {
         "delay_steps": Field("int"),
         "committed_prefix": Field("array", ndim=2, dtype="float", required=False, nullable=True),
         "guidance": Field("array", ndim=2, dtype="float", required=False, nullable=True),
+        "execute_horizon": Field("int", required=False, nullable=True),  # the scheduler's s (RTC mask)
         "episode": Field("int", required=False),
     },
     "chunk": {"request_id": Field("int"), "actions": Field("array", ndim=2, dtype="float"),

@@ -17,10 +17,9 @@ from collections import deque
 import numpy as np
 import zmq
 
-from arli.runtime.inference import ChunkReply
 from arli.transport.codec import MAX_MESSAGE_BYTES, ProtocolError, decode, encode, encode_frames
 from arli.transport.zmq_io import ConnectionMonitor, CurveConfig, connect_socket
-from arli.types import ChunkRequest, Observation
+from arli.types import ChunkReply, ChunkRequest, Observation
 
 log = logging.getLogger("arli.inference")
 
@@ -118,6 +117,8 @@ class RemoteInference:
             fields["committed_prefix"] = np.asarray(request.committed_prefix, np.float32)
         if request.guidance is not None:
             fields["guidance"] = np.asarray(request.guidance, np.float32)
+        if request.execute_horizon is not None:
+            fields["execute_horizon"] = int(request.execute_horizon)
         try:
             self.sock.send_multipart(encode_frames("infer", **fields), zmq.NOBLOCK)
         except zmq.Again:  # no connected server (IMMEDIATE): the caller holds and retries

@@ -192,9 +192,10 @@ class FrankaDriver(RobotDriver):
         return StepResult(obs, float(success), terminated, truncated, success,
                           {"is_success": success, "target": target.position.copy()})
 
-    def end_episode(self, success: bool) -> None:
+    def end_episode(self, success: bool) -> bool:
         """The operator's verdict (device event): the next ``act`` terminates the episode."""
         self._outcome = bool(success)
+        return True
 
     def close(self) -> None:
         self._stop_watchdog.set()

@@ -1,0 +1,168 @@
+"""The typed base-policy request end to end: every camera by name and the instruction reach
+the policy from the runtime, over a real ZeroMQ socket; a bad camera is an error reply naming
+it and the server keeps serving; the flow policy takes several cameras and the request's
+instruction; its RTC mask spans the scheduler's execute horizon."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from arli.policies.flow import FlowChunkModel, FlowPolicy, FlowPolicyConfig
+from arli.runtime.server import InferenceServer
+from arli.transport.inference_client import RemoteInference
+from arli.types import ChunkRequest, Observation, PolicyRequest
+from process_utils import free_ports
+
+pytestmark = pytest.mark.timeout(120)
+H, M = 8, 5
+
+
+class RecordingPolicy:
+    """Keeps every request it is asked, answers a constant chunk."""
+
+    chunk_size, action_dim, n_obs_steps = H, M, 2
+
+    def __init__(self):
+        self.requests: list[PolicyRequest] = []
+
+    def reset(self, seed=None) -> None: ...
+
+    def infer(self, request: PolicyRequest) -> np.ndarray:
+        for name, image in request.images.items():
+            if image.shape != (16, 16, 3):
+                raise ValueError(f"camera {name!r} must be (16, 16, 3), got {image.shape}")
+        self.requests.append(request)
+        return np.full((H, M), 0.1, np.float32)
+
+
+@pytest.fixture()
+def server():
+    (port,) = free_ports(1)
+    policy = RecordingPolicy()
+    srv = InferenceServer(policy, f"tcp://127.0.0.1:{port}")
+    stop = threading.Event()
+    thread = threading.Thread(target=srv.serve, args=(stop,), daemon=True)
+    thread.start()
+    client = RemoteInference(f"tcp://127.0.0.1:{port}", 0.05, initial_delay_steps=2, instruction="default task")
+    client.connect(timeout_s=10)
+    yield policy, client
+    client.close()
+    stop.set()
+    thread.join()
+    srv.close()
+
+
+def _replies(client, n=1, timeout=10.0):
+    out, deadline = [], time.perf_counter() + timeout
+    while len(out) < n and time.perf_counter() < deadline:
+        client.drain(0.05)
+        out += client.poll(0)
+    return out
+
+
+def _obs(step, instruction="", seed=0, size=16):
+    g = np.random.default_rng(seed)
+    images = {"front": g.integers(0, 255, (size, size, 3), dtype=np.uint8),
+              "wrist": g.integers(0, 255, (size, size, 3), dtype=np.uint8)}
+    return Observation(g.normal(size=7).astype(np.float32), step, 0.0, images, instruction)
+
+
+def test_every_camera_the_instruction_and_the_schedule_reach_the_policy(server):
+    policy, client = server
+    past, obs = _obs(3, seed=1), _obs(4, "put the peg in the hole", seed=2)
+    prefix = np.full((2, M), 0.5, np.float32)
+    assert client.submit(ChunkRequest(0, 4, obs, 2, prefix, prefix, execute_horizon=5), [past])
+    (reply,) = _replies(client)
+    assert reply.actions.shape == (H, M)
+    (got,) = policy.requests
+    assert sorted(got.images) == ["front", "wrist"]
+    for name in ("front", "wrist"):
+        np.testing.assert_array_equal(got.images[name], obs.images[name])
+    np.testing.assert_array_equal(got.state, obs.state)
+    assert got.instruction == "put the peg in the hole"
+    assert (got.delay, got.execute_horizon) == (2, 5)
+    np.testing.assert_array_equal(got.committed_prefix, prefix)
+    assert len(got.history) == 1 and sorted(got.history[0].images) == ["front", "wrist"]
+    np.testing.assert_array_equal(got.history[0].state, past.state)
+    # an observation without its own instruction carries the robot's configured one
+    assert client.submit(ChunkRequest(1, 5, _obs(5), 2, None), [])
+    assert len(_replies(client)) == 1 and policy.requests[-1].instruction == "default task"
+
+
+def test_a_bad_camera_is_an_error_naming_it_and_the_server_keeps_serving(server):
+    policy, client = server
+    bad = _obs(0)
+    bad.images["wrist"] = bad.images["wrist"].astype(np.float32)  # not uint8
+    assert client.submit(ChunkRequest(0, 0, bad, 2, None), [])
+    (reply,) = _replies(client)
+    assert reply.actions is None and "camera 'wrist'" in reply.meta["error"] and "uint8" in reply.meta["error"]
+    small = _obs(1)
+    small.images["front"] = small.images["front"][:8]
+    assert client.submit(ChunkRequest(1, 1, small, 2, None), [])
+    (reply,) = _replies(client)
+    assert reply.actions is None and "camera 'front' must be (16, 16, 3)" in reply.meta["error"]
+    assert client.submit(ChunkRequest(2, 2, _obs(2), 2, None), [])
+    (reply,) = _replies(client)
+    assert reply.actions is not None and len(policy.requests) == 1
+
+
+def _flow(cameras, rtc_mode="none", instruction="insert the peg"):
+    torch.manual_seed(0)
+    cfg = FlowPolicyConfig(state_dim=7, action_dim=M, chunk_size=H, d_model=32, n_layers=1, n_heads=2,
+                           ff_dim=64, num_steps=4, image_size=24 if cameras else 0, cameras=list(cameras),
+                           rtc_mode=rtc_mode, execute_horizon=4, instruction=instruction)
+    model = FlowChunkModel(cfg)
+    with torch.no_grad():  # a random network whose outputs depend visibly on every token
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return FlowPolicy(cfg, model)
+
+
+def test_the_flow_policy_reads_every_camera_by_name():
+    policy = _flow(["front", "wrist"])
+    obs = _obs(0, size=24)
+
+    def infer(images):
+        policy.reset(0)
+        return policy.infer(PolicyRequest(Observation(obs.state, 0, images=images)))
+
+    a = infer(obs.images)
+    assert a.shape == (H, M)
+    assert not np.allclose(a, infer({**obs.images, "wrist": 255 - obs.images["wrist"]}))  # wrist is used
+    assert not np.allclose(a, infer({**obs.images, "front": 255 - obs.images["front"]}))  # front is used
+    # the cameras are told apart: swapping them changes the chunk
+    assert not np.allclose(a, infer({"front": obs.images["wrist"], "wrist": obs.images["front"]}))
+    with pytest.raises(ValueError, match=r"camera 'wrist' missing: this policy needs \['front', 'wrist'\]"):
+        infer({"front": obs.images["front"]})
+
+
+def test_the_flow_policy_takes_the_request_instruction():
+    policy = _flow([], instruction="insert the peg")
+    state = np.linspace(-1, 1, 7).astype(np.float32)
+
+    def infer(text):
+        policy.reset(0)
+        return policy.infer(PolicyRequest.of(state, instruction=text))
+
+    trained_on = infer("")
+    np.testing.assert_array_equal(trained_on, infer("insert the peg"))  # empty = the trained instruction
+    assert not np.allclose(trained_on, infer("lift the cube"))
+
+
+def test_the_rtc_mask_spans_the_request_execute_horizon():
+    policy = _flow([], rtc_mode="guidance")
+    state = np.zeros(7, np.float32)
+    guidance = np.tile(np.linspace(-0.5, 0.5, 6, dtype=np.float32)[:, None], (1, M))
+
+    def infer(s):
+        policy.reset(0)
+        return policy.infer(PolicyRequest.of(state, committed_prefix=guidance[:2], delay_steps=2,
+                                             guidance=guidance, execute_horizon=s))
+
+    np.testing.assert_array_equal(infer(None), infer(4))  # the saved horizon when none is sent
+    assert not np.allclose(infer(2), infer(6))

@@ -1,0 +1,140 @@
+"""The one path from an executed step to a learner update: the n-step component, the
+trainer's routing and owed-update count, and the acting controller on an env with a known
+reward, all small problems whose answers are known."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from arli.rl.config import LearnerConfig
+from arli.rl.learner import ResidualLearner
+from arli.rl.replay import ReplayBuffer
+from arli.rl.trainer import Trainer
+from arli.rl.transitions import RowLayout, TransitionBuilder
+from arli.types import DEMO, INTERVENTION, ONLINE, StepRecord
+
+D, M = 3, 2
+
+
+def _rec(i, reward=0.0, source=ONLINE):
+    return StepRecord(np.full(D, i, np.float32), np.zeros(M, np.float32), np.full(M, 0.1 * i, np.float32),
+                      reward, source)
+
+
+def test_each_step_is_completed_by_the_next_state_and_the_takeover_penalty_is_charged():
+    builder = TransitionBuilder(n_step=1, gamma=0.5, takeover_penalty=0.25)
+    out = []
+    for i, source in enumerate([ONLINE, ONLINE, INTERVENTION, INTERVENTION, ONLINE]):
+        out += builder.step(_rec(i, reward=1.0, source=source))
+    out += builder.end(np.full(D, 9, np.float32), np.zeros(M, np.float32), terminal=True)
+    assert [float(t.state[0]) for t in out] == [0, 1, 2, 3, 4]
+    assert [float(t.next_state[0]) for t in out] == [1, 2, 3, 4, 9]  # s_{t+1} completes step t
+    # the robot's step 1 led to the takeover at step 2: only it pays the penalty
+    assert [t.ret for t in out] == [1.0, 0.75, 1.0, 1.0, 1.0]
+    assert [t.source for t in out] == [ONLINE, ONLINE, INTERVENTION, INTERVENTION, ONLINE]
+    assert [t.discount for t in out] == [0.5, 0.5, 0.5, 0.5, 0.0] and builder.takeovers == 1
+
+
+def _trainer(learn_after=5, utd=2):
+    cfg = LearnerConfig(hidden=16, critic_hidden=16, critic_heads=2, critic_subset=2, batch_size=4, utd=utd)
+    learner = ResidualLearner(cfg, D, M, seed=0)
+    return Trainer(learner, ReplayBuffer(100, D, M), ReplayBuffer(100, D, M), learn_after)
+
+
+def test_the_trainer_routes_by_source_and_owes_utd_updates_per_step_once_replay_is_full_enough():
+    trainer = _trainer(learn_after=5, utd=2)
+    builder = TransitionBuilder(1, 0.9)
+    for i in range(4):
+        trainer.ingest(builder.step(_rec(i, source=DEMO)), env_steps=0)  # demonstrations: no budget
+    assert (len(trainer.anchor), trainer.env_steps, trainer.owed) == (3, 0, 0)
+    for i in range(4, 8):
+        trainer.ingest(builder.step(_rec(i)), env_steps=1)
+    # rows 4 (demo, completed at step 4) .. 7: replay reaches learn_after = 5 at step 5
+    assert (len(trainer.online), len(trainer.anchor)) == (3, 4)
+    assert trainer.env_steps == 4 and trainer.owed == 2 * 3
+    assert trainer.run_owed(limit=4) == 4 and trainer.owed == 2 and trainer.learner.updates == 4
+    assert trainer.run_owed() == 2 and trainer.owed == 0 and trainer.learner.updates == 6
+    assert "critic_loss" in trainer.last_stats
+
+
+def test_actor_rows_take_the_same_path_and_nan_rows_are_counted_not_stored():
+    trainer, layout = _trainer(learn_after=1, utd=1), RowLayout(D, M)
+    builder = TransitionBuilder(1, 0.9)
+    rows = [layout.row(t) for i, s in enumerate([ONLINE, INTERVENTION, ONLINE])
+            for t in builder.step(_rec(i, source=s))]
+    bad = layout.row(builder.end(np.zeros(D, np.float32), np.zeros(M, np.float32), True)[0])
+    bad[0] = np.nan
+    assert trainer.ingest_rows(np.stack(rows + [bad])) == 2
+    assert (len(trainer.online), len(trainer.anchor), trainer.rejected_rows) == (1, 1, 1)
+    assert trainer.intervention_rows == 1 and trainer.env_steps == 2 and trainer.owed == 2
+
+
+def test_trainer_state_round_trips():
+    a, b = _trainer(), _trainer()
+    builder = TransitionBuilder(1, 0.9)
+    for i in range(10):
+        a.ingest(builder.step(_rec(i)), env_steps=1)
+    a.run_owed(limit=3)
+    b.load_state_dict(a.state_dict())
+    assert (b.env_steps, b.owed, b.learner.updates, len(b.online)) == (a.env_steps, a.owed, 3, len(a.online))
+    a.run_owed()
+    b.run_owed()
+    for x, y in zip(a.learner.actor.parameters(), b.learner.actor.parameters()):
+        np.testing.assert_array_equal(x.detach().numpy(), y.detach().numpy())
+
+
+def test_step_rewards_line_up_with_their_actions_through_the_acting_controller():
+    """A 1-D env whose reward at step t is known from the action at step t: every stored
+    transition's return must be the reward of its own action (n = 1), never a neighbour's."""
+    from arli.augment import StateBuilder
+    from arli.chunking import ChunkScheduler
+    from arli.runtime.acting import ResidualController
+    from arli.runtime.clock import SimClock
+    from arli.runtime.inference import SimInference
+    from arli.latency import FixedLatency
+    from arli.runtime.loop import run_episode
+    from arli.types import Observation, PolicyRequest
+    from robot_drivers.base import RobotDriver, StepResult
+
+    class Line(RobotDriver):
+        dt, state_dim, action_dim, max_episode_steps = 0.05, 1, 1, 12
+
+        def reset(self, seed=None):
+            self.t = 0
+            return self.observe()
+
+        def observe(self):
+            return Observation(np.array([self.t], np.float32), self.t)
+
+        def act(self, action):
+            self.t += 1
+            reward = float(action[0])  # reward = the action just executed
+            return StepResult(self.observe(), reward, False, self.t >= self.max_episode_steps, False)
+
+    class Ramp:  # base chunk: action = the step it runs at, scaled
+        chunk_size, action_dim, n_obs_steps = 4, 1, 1
+
+        def reset(self, seed=None): ...
+
+        def infer(self, request: PolicyRequest):
+            t0 = int(request.state[0])
+            return (0.05 * (t0 + np.arange(4, dtype=np.float32)))[:, None]
+
+    class Zero:  # a residual that proposes the base action as is
+        action_dim = 1
+
+        def act(self, state, base, explore):
+            return np.asarray(base, np.float32).copy()
+
+        def begin_episode(self): ...
+
+    builder = StateBuilder("arli", 1, 1, 4, 12)
+    ctl = ResidualController(Zero(), builder, train=True, transitions=TransitionBuilder(1, 0.9))
+    sched = ChunkScheduler(4, 2, 1, "async", "naive", 1)
+    inference = SimInference(Ramp(), FixedLatency(0.05), np.random.default_rng(0), 0.05)
+    result = run_episode(Line(), inference, sched, SimClock(0.05), 0, ctl)
+    out = ctl.take_transitions()
+    assert result.steps == 12 and len(out) == 12
+    np.testing.assert_allclose([t.ret for t in out], [float(t.action[0]) for t in out])
+    assert [t.discount for t in out][-1] == 0.0 and all(t.discount == pytest.approx(0.9) for t in out[:-1])
