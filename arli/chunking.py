@@ -22,13 +22,70 @@ from typing import Callable, Literal
 
 import numpy as np
 
+from arli.errors import require
+from arli.latency import to_delay_steps
 from arli.types import ActionChunk, ChunkRequest, Observation, StepInfo
 
 Mode = Literal["async", "sync"]
 Strategy = Literal["naive", "blend", "rtc"]
 MODES = ("async", "sync")
-STRATEGIES = ("naive", "blend", "rtc")
+STRATEGIES = ("naive", "blend", "rtc")  # how an asynchronous run switches to the next chunk
+EXECUTIONS = ("sync", *STRATEGIES)  # a run's chunking.strategy: sync = synchronous execution
 HoldFn = Callable[[np.ndarray | None], np.ndarray]
+
+
+@dataclass
+class ChunkingConfig:
+    """How base chunks execute: the ``chunking`` group of every command that builds a
+    scheduler. The chunk size H is the policy's; the delay the scheduler plans for comes from
+    the latency settings unless ``planned_delay_steps`` says it (a robot measures latency,
+    it cannot know it in advance)."""
+
+    strategy: str = "naive"  # sync | naive | blend | rtc
+    execute_horizon: int = 8  # s, clamped into [d, H - d] for asynchronous execution
+    blend_steps: int = 4  # blend: steps of the cross-fade
+    planned_delay_steps: int | None = None  # d the scheduler plans for; null = the latency model's maximum
+    min_delay_steps: int | None = None  # no reply lands earlier; null = the latency model's minimum
+
+    def validate(self) -> None:
+        require(self.strategy in EXECUTIONS, "chunking.strategy", f"one of {EXECUTIONS}", self.strategy)
+        require(self.execute_horizon >= 1, "chunking.execute_horizon", ">= 1", self.execute_horizon)
+        require(self.blend_steps >= 1, "chunking.blend_steps", ">= 1", self.blend_steps)
+        for name in ("planned_delay_steps", "min_delay_steps"):
+            value = getattr(self, name)
+            require(value is None or value >= 0, f"chunking.{name}", "null or >= 0", value)
+        if self.planned_delay_steps is not None and self.min_delay_steps is not None:
+            require(self.min_delay_steps <= self.planned_delay_steps, "chunking.min_delay_steps",
+                    f"<= chunking.planned_delay_steps ({self.planned_delay_steps})", self.min_delay_steps)
+
+
+def delay_bounds(cfg: ChunkingConfig, max_latency_s: float, min_latency_s: float, dt: float) -> tuple[int, int]:
+    """(planned, minimum) delay in steps: ``cfg``'s where it sets them, else the latency model's."""
+    planned = cfg.planned_delay_steps if cfg.planned_delay_steps is not None else to_delay_steps(max_latency_s, dt)
+    low = cfg.min_delay_steps if cfg.min_delay_steps is not None else to_delay_steps(min_latency_s, dt)
+    return planned, min(low, planned)
+
+
+def make_scheduler(cfg: ChunkingConfig, chunk_size: int, action_dim: int, delay_steps: int,
+                   min_delay_steps: int = 0, strategy: str | None = None) -> ChunkScheduler:
+    """The scheduler every call site builds: ``cfg``'s strategy (or ``strategy``), the
+    planned delay capped at H // 2 for asynchronous execution (a longer reply is a spike the
+    runtime holds through and counts), s clamped into [d, H - d], the gripper-keeping hold."""
+    strategy = cfg.strategy if strategy is None else strategy
+    require(strategy in EXECUTIONS, "chunking.strategy", f"one of {EXECUTIONS}", strategy)
+    if strategy == "sync":
+        return ChunkScheduler(chunk_size, cfg.execute_horizon, action_dim, "sync", "naive",
+                              delay_steps, cfg.blend_steps, hold=gripper_hold(action_dim),
+                              min_delay_steps=min(min_delay_steps, delay_steps))
+    d = min(delay_steps, chunk_size // 2)
+    horizon = min(max(cfg.execute_horizon, d), chunk_size - d)
+    return ChunkScheduler(chunk_size, horizon, action_dim, "async", strategy, d, cfg.blend_steps,
+                          hold=gripper_hold(action_dim), min_delay_steps=min(min_delay_steps, d))
+
+
+def gripper_hold(action_dim: int = 5) -> HoldFn:
+    """Hold for our delta-action tasks: no motion, keep the gripper command (the last entry)."""
+    return make_hold(action_dim, absolute_dims=(action_dim - 1,))
 
 
 def make_hold(action_dim: int, absolute_dims: tuple[int, ...] = ()) -> HoldFn:

@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     # argv words -> (config name, "module:function", help)
     "finetune": ("finetune", "arli.commands.finetune:main",
                  "ARLI residual RL under simulated latency: base vs finetuned, outputs/<run>/"),
+    "eval": ("eval", "arli.commands.eval:main",
+             "a finetune run's residual and the base alone on any seed range, per episode, with intervals"),
     "rollout": ("rollout", "arli.commands.rollout:main",
                 "scripted-expert chunks under simulated latency: success per delay and strategy"),
     "collect-demos": ("collect_demos", "arli.commands.pretrain:collect_main",
@@ -49,6 +51,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                             "hil finetuning: intervention rate per window of episodes as the residual learns"),
     "bench anchor-start": ("bench_anchor_start", "arli.bench.anchor_start:main",
                            "the anchor-pretrained start's success vs pretraining lr and updates"),
+    "bench ceiling": ("bench_ceiling", "arli.bench.ceiling:main",
+                      "what the residual's state and bound allow: the projected expert, per delay and bound"),
     "bench sim": ("bench_sim", "arli.bench.sim:main",
                   "control steps/s of our default task vs robosuite Lift"),
 }
@@ -69,10 +73,10 @@ def compose(config_name: str, overrides: list[str]) -> Any:
     from hydra.errors import ConfigCompositionException, HydraException  # noqa: PLC0415
     from omegaconf.errors import OmegaConfBaseException  # noqa: PLC0415
 
-    from arli.config import SCHEMAS, ConfigError, register_configs  # noqa: PLC0415
+    from arli.config import SCHEMAS, ConfigError, register_configs, validate  # noqa: PLC0415
 
     register_configs()
-    schema, validate = SCHEMAS[config_name]
+    schema = SCHEMAS[config_name]
     try:
         with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
             cfg = hydra_compose(config_name=config_name, overrides=overrides)

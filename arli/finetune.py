@@ -6,21 +6,22 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from arli.augment import StateBuilder
-from arli.chunking import ChunkScheduler
+from arli.chunking import ChunkingConfig, delay_bounds, make_scheduler
 from arli.errors import InputError
-from arli.latency import LatencyModel, to_delay_steps
-from arli.rl.config import InterventionSpec, RunSpec
+from arli.latency import LatencyModel
+from arli.rl.config import InterventionSpec, RunSpec, q_floor
 from arli.rl.learner import LearnerDiverged, ResidualLearner
 from arli.rl.replay import ReplayBuffer
 from arli.rl.trainer import Trainer
 from arli.rl.transitions import TransitionBuilder
-from arli.rollout import async_horizon, evaluate_policy, gripper_hold, planning_delay, sim_episode
+from arli.rollout import evaluate_policy, sim_episode
 from arli.runtime.acting import ResidualController
 from arli.runtime.intervention import Intervention
 from arli.runtime.loop import Episode
@@ -44,7 +45,7 @@ def q_vs_return(learner: ResidualLearner, trace: list[list[tuple]], gamma: float
 
 
 CHECKPOINT_FORMAT = 4  # 4: the trainer's state (learner, replays, step and update counts) in one entry
-TRAIN_SEED_BASE = 100_000  # training episodes never reuse demo (0..) or evaluation (10_000..) seeds
+TRAIN_SEED_BASE = 100_000  # training episodes never reuse demo (0..), tune (10_000..) or test (5e6..) seeds
 
 
 class Finetuner:
@@ -52,20 +53,24 @@ class Finetuner:
     the acting controller and the RNG state; ``train`` is the per-step loop."""
 
     def __init__(self, spec: RunSpec, env, base_policy, expert, latency: LatencyModel,
-                 obs_mean: np.ndarray | None = None, obs_std: np.ndarray | None = None):
+                 obs_mean: np.ndarray | None = None, obs_std: np.ndarray | None = None,
+                 chunking: ChunkingConfig | None = None):
         self.spec, self.env, self.base, self.expert, self.latency = spec, env, base_policy, expert, latency
+        self.chunking = chunking or ChunkingConfig()
+        if self.chunking.strategy == "sync":
+            raise InputError("chunking.strategy: expected naive, blend or rtc for finetuning (the residual acts "
+                             "inside asynchronous execution), got 'sync'")
         dt = float(env.unwrapped.dt)
         H, m = base_policy.chunk_size, env.action_space.shape[0]
-        self.max_delay = planning_delay(latency, dt, H)
-        self.horizon = async_horizon(spec.execute_horizon, H, self.max_delay)
-        self.scheduler = ChunkScheduler(H, self.horizon, m, "async", spec.strategy, self.max_delay,
-                                        hold=gripper_hold(m),
-                                        min_delay_steps=min(to_delay_steps(latency.min_latency(), dt),
-                                                            self.max_delay))
+        self.scheduler = make_scheduler(self.chunking, H, m,
+                                        *delay_bounds(self.chunking, latency.max_latency(), latency.min_latency(), dt))
+        self.max_delay = self.scheduler.max_delay_steps
         n = env.observation_space["state"].shape[0]
         episode_steps = int(getattr(env.unwrapped, "max_episode_steps", 1000))
         self.builder = StateBuilder(spec.variant, n, m, H, episode_steps, obs_mean=obs_mean, obs_std=obs_std)
-        self.learner = ResidualLearner(spec.learner, self.builder.dim, m, seed=spec.seed)
+        # the takeover penalty makes negative returns reachable: the TD targets' floor follows it
+        learner_cfg = replace(spec.learner, q_min=q_floor(spec.learner, spec.intervention, spec.regime == "hil"))
+        self.learner = ResidualLearner(learner_cfg, self.builder.dim, m, seed=spec.seed)
         cap = spec.learner.buffer_size
         self.online = ReplayBuffer(cap, self.builder.dim, m)
         self.anchor = ReplayBuffer(cap, self.builder.dim, m)
@@ -160,8 +165,8 @@ class Finetuner:
             episode = self._episode(ctl)
             try:
                 while not episode.done:
-                    episode.step()  # observe, schedule, act (residual or intervener), execute
-                    trainer.ingest(ctl.take_transitions(), env_steps=1)  # the n-step transitions now complete
+                    executed = episode.step()  # observe, schedule, act (residual or intervener), execute
+                    trainer.ingest(ctl.take_transitions(), env_steps=int(executed))  # the n-step ones now complete
                     trainer.run_owed()  # learner.utd updates per step once learn_after rows are in
                 result = episode.finish()
                 trainer.ingest(ctl.take_transitions(), env_steps=0)  # the episode's last transitions
@@ -214,24 +219,28 @@ class Finetuner:
                    f"Q {result['q_mean']:.3f} vs return {result['return_mean']:.3f}")
 
     # -- evaluation ----------------------------------------------------------------------
-    def evaluate(self, episodes: int, seed: int = 10_000, residual: bool = True,
+    def evaluate(self, episodes: int, seed: int | None = None, residual: bool = True,
                  diagnostics: bool = False) -> dict:
-        """Deterministic residual (or the base alone) on fixed seeds, same latency.
-        ``diagnostics``: also the critic's mean Q(s_t, a_t) over the evaluated steps against
-        the discounted Monte-Carlo return from each step (``q_mean``, ``return_mean``)."""
+        """Deterministic residual (or the base alone) on episode seeds ``seed ..`` (default: the
+        tune seeds), same latency; ``outcomes``: success per episode. ``diagnostics``: also the
+        critic's mean Q(s_t, a_t) over the evaluated steps against the discounted Monte-Carlo
+        return from each step (``q_mean``, ``return_mean``)."""
+        seed = self.spec.tune_seed if seed is None else seed
         controller = ResidualController(self.learner, self.builder, trace=diagnostics) if residual else None
-        out = evaluate_policy(self.env, self.base, self.spec.strategy, self.latency, episodes, seed,
-                              self.spec.execute_horizon, controller=controller,
-                              min_delay_steps=self.scheduler.min_delay_steps)
+        out = evaluate_policy(self.env, self.base, self.chunking, self.latency, episodes, seed, controller)
         if diagnostics and controller is not None:
             out.update(q_vs_return(self.learner, controller.trace, self.spec.learner.gamma))
         return out
+
+    def evaluate_test(self, residual: bool = True) -> dict:
+        """The final numbers: ``spec.test_episodes`` episodes on the test seeds."""
+        return self.evaluate(self.spec.test_episodes, self.spec.test_seed, residual)
 
     def residual_definition(self) -> tuple[dict, dict[str, np.ndarray]]:
         """What an actor needs to rebuild this run's residual from its weights: (meta: variant,
         state dim, chunk size, episode steps, learner config; state normalisation arrays)."""
         meta = {"variant": self.spec.variant, "state_dim": self.builder.dim, "chunk_size": self.builder.H,
-                "episode_steps": self.builder.T, "learner": dict(vars(self.spec.learner))}
+                "episode_steps": self.builder.T, "learner": dict(vars(self.learner.cfg))}
         norm = {"obs_mean": self.builder.mean.astype(np.float32), "obs_std": self.builder.std.astype(np.float32)}
         return meta, norm
 

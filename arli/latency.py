@@ -14,6 +14,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from arli.errors import require
+
 _EPS = 1e-9  # so 0.2 s / 0.05 s is 4 steps, not 5 from float round-off
 
 
@@ -147,7 +149,37 @@ class TraceLatency:
         return min(self.values_s)
 
 
-def latency_from_config(cfg) -> LatencyModel:
+LATENCY_KINDS = ("fixed", "uniform", "lognormal", "trace")
+
+
+@dataclass
+class LatencyConfig:
+    """The ``latency`` group: the inference latency a sim run draws from."""
+
+    kind: str = "fixed"  # fixed | uniform | lognormal | trace
+    seconds: float = 0.2  # fixed
+    low: float = 0.1  # uniform
+    high: float = 0.3
+    median: float = 0.2  # lognormal
+    sigma: float = 0.3
+    jitter: float = 0.0
+    max: float | None = None  # lognormal truncation; None = 4 * median + jitter
+    trace_path: str = ""  # trace: one latency (s) per line, or a JSON list
+
+    def validate(self) -> None:
+        require(self.kind in LATENCY_KINDS, "latency.kind", f"one of {LATENCY_KINDS}", self.kind)
+        for name in ("seconds", "low", "high", "median", "sigma", "jitter"):
+            value = getattr(self, name)
+            require(math.isfinite(value) and value >= 0, f"latency.{name}", "a finite number >= 0", value)
+        if self.kind == "uniform":
+            require(self.low <= self.high, "latency.low", f"<= latency.high ({self.high})", self.low)
+        if self.kind == "lognormal":
+            require(self.median > 0, "latency.median", "> 0", self.median)
+        if self.kind == "trace":
+            require(bool(self.trace_path), "latency.trace_path", "a file path for kind=trace", self.trace_path)
+
+
+def latency_from_config(cfg: LatencyConfig) -> LatencyModel:
     """Build a latency model from a ``LatencyConfig``."""
     if cfg.kind == "fixed":
         return FixedLatency(cfg.seconds)

@@ -81,6 +81,7 @@ def train_flow(policy: FlowPolicy, data: dict, steps: int, batch_size: int, lr: 
 def make_evaluator(env_name: str, episodes: int, seed: int, dt: float = 0.05,
                    image_size: int = 0) -> Callable[[FlowPolicy], float]:
     """Success of synchronous, zero-delay execution (the policy itself, no latency)."""
+    from arli.chunking import ChunkingConfig  # noqa: PLC0415
     from arli.latency import FixedLatency  # noqa: PLC0415
     from arli.rollout import evaluate_policy  # noqa: PLC0415
     from sim_envs import make_env  # noqa: PLC0415
@@ -88,8 +89,8 @@ def make_evaluator(env_name: str, episodes: int, seed: int, dt: float = 0.05,
     env = make_env(env_name, dt=dt, image_size=image_size)
 
     def evaluate(policy: FlowPolicy) -> float:
-        cell = evaluate_policy(env, policy, "sync", FixedLatency(0.0), episodes, seed,
-                               policy.cfg.execute_horizon)
+        sync = ChunkingConfig(strategy="sync", execute_horizon=policy.cfg.execute_horizon)
+        cell = evaluate_policy(env, policy, sync, FixedLatency(0.0), episodes, seed)
         return cell["success"]
 
     return evaluate

@@ -64,7 +64,9 @@ class PolicyRequest:
     guidance: (L, m) the previous chunk over the overlap (RTC-capable policies only).
     execute_horizon: the scheduler's s, for RTC's soft mask (None: the policy's own).
     history: the ``n_obs_steps - 1`` control steps before the request, oldest first
-    (consecutive control steps, not consecutive requests).
+    (consecutive control steps, not consecutive requests); the runtime always sends it, empty
+    at an episode's first step. None: the caller keeps no history (a history-based policy
+    then queues its own requests, as LeRobot's ``select_action`` does).
     """
 
     observation: Observation
@@ -72,7 +74,7 @@ class PolicyRequest:
     delay_steps: int | None = None
     guidance: np.ndarray | None = None
     execute_horizon: int | None = None
-    history: tuple[Observation, ...] = ()
+    history: tuple[Observation, ...] | None = None
 
     @classmethod
     def of(cls, state: np.ndarray, images: dict[str, np.ndarray] | None = None, instruction: str = "",

@@ -9,28 +9,37 @@ from arli.config import ConfigError
 
 
 def test_defaults_and_overrides():
-    cfg = compose("rollout", ["env=pick_cube", "chunking.chunk_size=12", "latency=uniform"])
+    cfg = compose("rollout", ["env=pick_cube", "chunk_size=12", "chunking.strategy=rtc", "latency=uniform"])
     assert cfg.env.name == "pick_cube"
-    assert cfg.chunking.chunk_size == 12
+    assert cfg.chunk_size == 12 and cfg.chunking.strategy == "rtc"
     assert cfg.latency.kind == "uniform" and cfg.latency.high == 0.3
 
 
 @pytest.mark.parametrize("command,override,field", [
-    ("rollout", "chunking.mode=sideways", "chunking.mode"),
     ("rollout", "chunking.strategy=magic", "chunking.strategy"),
     ("rollout", "env.name=moon_base", "env.name"),
     ("rollout", "env.dt=0.0123", "env.dt"),
     ("rollout", "chunking.execute_horizon=40", "chunking.execute_horizon"),
+    ("rollout", "chunking.planned_delay_steps=-1", "chunking.planned_delay_steps"),
+    ("finetune", "chunking.strategy=sync", "chunking.strategy"),  # the residual acts inside async execution
+    ("actor", "chunking.planned_delay_steps=null", "chunking.planned_delay_steps"),
+    ("actor", "chunking.min_delay_steps=9", "chunking.min_delay_steps"),
     ("rollout", "latency.sigma=-1", "latency.sigma"),
-    ("finetune", "intervention.mode=sometimes", "intervention.mode"),
-    ("finetune", "intervention.prob=1.5", "intervention.prob"),
-    ("finetune", "intervention.patience=0", "intervention.patience"),
-    ("finetune", "learner.q_weight=-1", "learner.q_weight"),
-    ("finetune", "learner.pretrain_updates=-5", "learner.pretrain_updates"),
-    ("finetune", "variant=delayed", "variant"),
-    ("finetune", "regime=online", "regime"),
-    ("finetune", "learner.actor_update=sac", "learner.actor_update"),
-    ("finetune", "intervention.max_steps=-1", "intervention.max_steps"),
+    ("finetune", "run.intervention.mode=sometimes", "run.intervention.mode"),
+    ("finetune", "run.intervention.prob=1.5", "run.intervention.prob"),
+    ("finetune", "run.intervention.patience=0", "run.intervention.patience"),
+    ("finetune", "run.learner.q_weight=-1", "run.learner.q_weight"),
+    ("finetune", "run.learner.pretrain_updates=-5", "run.learner.pretrain_updates"),
+    ("finetune", "run.variant=delayed", "run.variant"),
+    ("finetune", "run.regime=online", "run.regime"),
+    ("finetune", "run.learner.actor_update=sac", "run.learner.actor_update"),
+    ("finetune", "run.learner.q_filter=true", "run.learner.q_filter"),  # acts under actor_update=dpg only
+    ("finetune", "run.intervention.max_steps=-1", "run.intervention.max_steps"),
+    ("record", "run.learner.tau=0", "run.learner.tau"),
+    ("learner", "run.env_steps=0", "run.env_steps"),
+    ("finetune", "run.test_seed=10010", "run.test_seed"),  # overlaps the tune seeds 10000..10029
+    ("bench_latency_sweep", "run.tune_seed=4999990", "run.test_seed"),
+    ("eval", "episodes=0", "episodes"),
     ("bench_latency_sweep", "variants=[arli,magic]", "variants"),
     ("bench_learner", "threads=0", "threads"),
     ("bench_anchor_start", "pretrain_lrs=[0.001,0]", "pretrain_lrs"),
@@ -40,11 +49,11 @@ def test_defaults_and_overrides():
     ("actor", "franka.max_step_pos=0.2", "franka.max_step_pos"),
     ("actor", "franka.workspace_low=[0.8,0,0]", "franka.workspace_low"),
     ("actor", "franka.relative_dynamics_factor=1.5", "franka.relative_dynamics_factor"),
-    ("learner", "robot=franka", "anchor_episodes"),
+    ("learner", "robot=franka", "run.anchor_episodes"),
     ("record", "device=joystick", "device"),
     ("record", "episodes=0", "episodes"),
-    ("finetune", "intervention.judged_dims=-1", "intervention.judged_dims"),
-    ("finetune", "learner.exploration_corr=1.0", "learner.exploration_corr"),  # rho 1: a constant, not noise
+    ("finetune", "run.intervention.judged_dims=-1", "run.intervention.judged_dims"),
+    ("finetune", "run.learner.exploration_corr=1.0", "run.learner.exploration_corr"),  # rho 1: a constant
 ])
 def test_bad_values_name_the_field(command, override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -53,9 +62,9 @@ def test_bad_values_name_the_field(command, override, field):
 
 def test_an_actor_loss_with_no_term_is_rejected():
     """q_weight = 0 and anchor_weight = 0: nothing would move the actor; refused at start-up."""
-    with pytest.raises(ConfigError, match=r"learner\.anchor_weight: expected > 0 when learner\.q_weight is 0"):
-        compose("finetune", ["learner.q_weight=0", "learner.anchor_weight=0"])
-    compose("finetune", ["learner.q_weight=0"])  # the BC control stays valid
+    with pytest.raises(ConfigError, match=r"run\.learner\.anchor_weight: expected > 0 when run\.learner\.q_weight is 0"):
+        compose("finetune", ["run.learner.q_weight=0", "run.learner.anchor_weight=0"])
+    compose("finetune", ["run.learner.q_weight=0"])  # the BC control stays valid
 
 
 def test_unknown_key_is_rejected():
@@ -69,9 +78,9 @@ def test_wrong_type_is_rejected():
 
 
 def test_cli_exit_code_and_message(capsys):
-    assert main(["rollout", "chunking.mode=sideways"]) == 2
+    assert main(["rollout", "chunking.strategy=sideways"]) == 2
     err = capsys.readouterr().err
-    assert "chunking.mode" in err and "async" in err
+    assert "chunking.strategy" in err and "'sync', 'naive', 'blend', 'rtc'" in err
     assert main(["frobnicate"]) == 2
 
 
@@ -115,11 +124,11 @@ def test_every_command_help_prints_its_composed_config(capsys):
             assert composed.env.name == "peg_insert" and composed.env.dt == 0.05, words
     assert main(["finetune", "env=pick_cube", "--help"]) == 0
     assert "name: pick_cube" in capsys.readouterr().out
-    assert main(["finetune", "variant=nope", "--help"]) == 2
+    assert main(["finetune", "run.variant=nope", "--help"]) == 2
 
 
 def test_a_standalone_learner_plans_the_delay_its_actors_plan():
     """`arli learner` alone keeps the delay and control period its actors plan for, not the
     main job's: the residual's state is built for the same timing on both sides."""
-    assert compose("learner", []).delay_steps == compose("actor", []).planned_delay_steps
+    assert compose("learner", []).delay_steps == compose("actor", []).chunking.planned_delay_steps
     assert compose("learner", []).env.dt == compose("actor", []).env.dt

@@ -77,7 +77,9 @@ def test_interventions_and_anchor_data_are_routed_to_anchor_replay():
     ft = _finetuner()
     n_anchor = ft.collect_anchor()
     assert n_anchor > 0 and len(ft.online) == 0 and ft.env_steps == 0
-    assert ft.controller.intervened_steps == 0  # demonstrations are not online interventions
+    # demonstrations are neither online interventions nor owed updates
+    assert ft.trainer.intervention_rows == 0 and ft.trainer.owed == 0 and ft.learner.updates == 0
+    assert np.all(ft.anchor.data["source"][:n_anchor] == DEMO)
     # anchor rows carry the expert's action and the base action the scheduler had (relabel)
     data = {k: v[:n_anchor] for k, v in ft.anchor.data.items()}
     assert np.abs(data["action"] - data["base"]).max() > 0.1
@@ -93,16 +95,33 @@ def test_finetune_entry_point_writes_a_consistent_run(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "arli.cli", "finetune", "env=pick_cube", "checkpoint=expert",
-         "delay_steps=4", "env_steps=600", "eval_every=300", "eval_episodes=2", "final_eval_episodes=3",
-         "anchor_episodes=3", "learn_after=100", "learner.hidden=32", "learner.critic_hidden=32",
-         "learner.critic_warmup_updates=50", "learner.pretrain_updates=50", f"output_dir={out}"],
+         "delay_steps=4", "run.env_steps=600", "run.eval_every=300", "run.eval_episodes=2", "run.test_episodes=3",
+         "run.anchor_episodes=3", "run.learn_after=100", "run.learner.hidden=32", "run.learner.critic_hidden=32",
+         "run.learner.critic_warmup_updates=50", "run.learner.pretrain_updates=50", f"output_dir={out}"],
         capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["regime"] == "rl" and summary["intervened_steps"] == 0
     assert summary["env_steps"] >= 600 and summary["updates"] > 0
-    for key in ("base_success", "anchor_only_success", "finetuned_success"):
-        assert 0 <= summary[key] <= 1
+    # the final numbers: base, start and finetuned on the same test seeds, per episode, with intervals
+    report = json.loads((out / "eval_test.json").read_text())
+    assert report["split"] == {"split": "test", "seed_base": 5_000_000, "episodes": 3} == summary["eval"]
+    for key, name in (("base_success", "base"), ("anchor_only_success", "start"), ("finetuned_success", "final")):
+        assert len(report["outcomes"][name]) == 3 and summary[key] == sum(report["outcomes"][name]) / 3
+        lo, hi = report["ci95"][name]
+        assert lo <= summary[key] <= hi
+    assert set(report["gains"]) == {"final-start", "final-base", "start-base"}
+    assert summary["env_steps_per_s"] > 0 and summary["updates_per_s"] > 0
+    # `arli eval` reproduces the final evaluation from the saved run, and takes any seed range
+    again = subprocess.run([sys.executable, "-m", "arli.cli", "eval", f"run={out}", "episodes=3"],
+                           capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert again.returncode == 0, again.stderr[-3000:]
+    redo = json.loads((out / "eval_5000000_3.json").read_text())
+    assert redo["split"]["split"] == "test" and redo["outcomes"]["final"] == report["outcomes"]["final"]
+    assert redo["outcomes"]["base"] == report["outcomes"]["base"]
+    tune = subprocess.run([sys.executable, "-m", "arli.cli", "eval", f"run={out}", "seed_base=10000", "episodes=2"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert tune.returncode == 0 and json.loads((out / "eval_10000_2.json").read_text())["split"]["split"] == "tune"
     # the curve starts at the anchor-pretrained residual (step 0, no update), then 2 evaluations
     start, *points = summary["history"]
     assert start["env_steps"] == 0 and start["updates"] == 0

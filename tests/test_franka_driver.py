@@ -217,7 +217,7 @@ def test_lost_robot_ends_the_episode_cleanly_and_the_recording_keeps_it(tmp_path
     from arli.latency import FixedLatency  # noqa: PLC0415
     from arli.policies.base import BasePolicy  # noqa: PLC0415
     from arli.record import EpisodeRecorder  # noqa: PLC0415
-    from arli.rollout import gripper_hold  # noqa: PLC0415
+    from arli.chunking import gripper_hold  # noqa: PLC0415
     from arli.runtime.inference import SimInference  # noqa: PLC0415
     from arli.runtime.loop import StepController, run_episode  # noqa: PLC0415
     from arli.runtime.recording import RecordingController, intervention_features  # noqa: PLC0415

@@ -33,13 +33,14 @@ def test_serve_learner_actor_on_a_franka_record_and_learn(tmp_path):
     out.mkdir()
     with franky_sim_server(host), \
             running(["serve", "env=pick_cube", f"checkpoint={act}", *transport], out / "serve.log"), \
-            running(["learner", "robot=franka", "env=pick_cube", "chunk_size=10", "anchor_episodes=0",
-                     "env_steps=100000", "learn_after=30", "learner.pretrain_updates=0", "checkpoint_every_s=1",
+            running(["learner", "robot=franka", "env=pick_cube", "chunk_size=10", "run.anchor_episodes=0",
+                     "run.env_steps=100000", "run.learn_after=30", "run.learner.pretrain_updates=0",
+                     "checkpoint_every_s=1",
                      f"output_dir={out}/learner", *transport], out / "learner.log"):
         actor = subprocess.run(
             [sys.executable, "-m", "arli.cli", "actor", "robot=franka", f"franka.hostname={host}",
              "franka.realtime=false", "franka.max_episode_steps=30", "franka.home_dynamics_factor=0.6",
-             "max_episodes=3", "planned_delay_steps=2", "weights_timeout_s=90", "env=pick_cube", f"record_root={out}/rec",
+             "max_episodes=3", "chunking.planned_delay_steps=2", "weights_timeout_s=90", "env=pick_cube", f"record_root={out}/rec",
              f"output_dir={out}/actor", *transport],
             cwd=ROOT, capture_output=True, text=True, timeout=300,
             env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})

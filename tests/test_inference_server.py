@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from arli.chunking import ChunkScheduler
-from arli.rollout import gripper_hold
+from arli.chunking import gripper_hold
 from arli.runtime.clock import MonotonicClock
 from arli.runtime.loop import StepController, run_episode
 from arli.transport.codec import PROTOCOL_VERSION, decode, encode

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def learner_args(ports, out) -> list[str]:
-    return ["learner", "env=pick_cube", "checkpoint=expert", "anchor_episodes=2", "learner.pretrain_updates=5",
-            "learn_after=50", "env_steps=1000000", "checkpoint_every_s=0.5", f"output_dir={out}",
+    return ["learner", "env=pick_cube", "checkpoint=expert", "run.anchor_episodes=2", "run.learner.pretrain_updates=5",
+            "run.learn_after=50", "run.env_steps=1000000", "checkpoint_every_s=0.5", f"output_dir={out}",
             f"transport.learner=tcp://127.0.0.1:{ports[0]}", f"transport.weights=tcp://127.0.0.1:{ports[1]}"]
 
 

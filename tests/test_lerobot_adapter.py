@@ -9,7 +9,8 @@ from arli.chunking import ChunkScheduler
 from arli.latency import FixedLatency
 from arli.policies.lerobot_adapter import LeRobotPolicyAdapter
 from arli.policies.load import load_base_policy
-from arli.rollout import gripper_hold, run_episode
+from arli.chunking import gripper_hold
+from arli.rollout import run_episode
 from arli.types import Observation, PolicyRequest
 from sim_envs import make_env
 from lerobot_utils import save_lerobot_policy

@@ -153,7 +153,7 @@ def test_close_commits_a_partial_batch_and_a_broken_save_refuses_more(tmp_path, 
 def recorded(tmp_path_factory):
     root = tmp_path_factory.mktemp("rec") / "pick"
     out = subprocess.run([sys.executable, "-m", "arli.cli", "record", "env=pick_cube", "checkpoint=expert",
-                          "episodes=3", f"root={root}", "delay_steps=4", "intervention.threshold=0.3", "intervention.patience=1",
+                          "episodes=3", f"root={root}", "delay_steps=4", "run.intervention.threshold=0.3", "run.intervention.patience=1",
                           "image_size=32"],
                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -226,7 +226,7 @@ def test_the_learner_replays_a_recording_with_interventions_flagged(recorded, tm
     from arli.types import INTERVENTION, ONLINE  # noqa: PLC0415
 
     root, summary = recorded
-    cfg = compose("finetune", ["env=pick_cube", "checkpoint=expert", f"datasets=[{root}]"])
+    cfg = compose("finetune", ["env=pick_cube", "checkpoint=expert", f"run.datasets=[{root}]"])
     ft, _, _ = make_finetuner(cfg)
     counts = ft.load_datasets()
     t = _load(root).hf_dataset.with_format("numpy")
@@ -238,13 +238,13 @@ def test_the_learner_replays_a_recording_with_interventions_flagged(recorded, tm
     states = np.asarray(t["arli.state"], np.float32)
     assert np.allclose(ft.online.data["state"][0], states[np.flatnonzero(~intervened)[0]])
     # bad input: one line each, nothing loaded
-    other = compose("finetune", ["env=peg_insert", "checkpoint=expert", f"datasets=[{root}]"])
+    other = compose("finetune", ["env=peg_insert", "checkpoint=expert", f"run.datasets=[{root}]"])
     ft2, _, _ = make_finetuner(other)
     with pytest.raises(ValueError, match="another task, variant or chunk size"):
         ft2.load_datasets()
     assert len(ft2.online) == len(ft2.anchor) == 0
     with pytest.raises(ConfigError, match="datasets"):
-        compose("finetune", ["env=pick_cube", f"datasets=[{tmp_path / 'nope'}]"])
+        compose("finetune", ["env=pick_cube", f"run.datasets=[{tmp_path / 'nope'}]"])
     (tmp_path / "empty").mkdir()
     from arli.rl.recorded import load_recorded  # noqa: PLC0415
 

@@ -10,7 +10,8 @@ import numpy as np
 from arli.chunking import ChunkScheduler
 from arli.latency import TraceLatency
 from arli.policies.expert import ExpertChunkPolicy
-from arli.rollout import evaluate_policy, gripper_hold, planning_delay
+from arli.chunking import ChunkingConfig, gripper_hold
+from arli.rollout import evaluate_policy
 from arli.runtime.clock import MonotonicClock, SimClock
 from arli.runtime.inference import SimInference
 from arli.runtime.loop import StepController, run_episode
@@ -32,7 +33,7 @@ def test_a_spike_longer_than_the_chunk_is_held_through_then_recovered():
     latency = TraceLatency((0.1, 1.0, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1))
     env = make_env("pick_cube", max_episode_steps=80)
     driver = SimDriver(env)
-    sched = ChunkScheduler(16, 8, 5, "async", "naive", planning_delay(latency, 0.05, 16), hold=gripper_hold())
+    sched = ChunkScheduler(16, 8, 5, "async", "naive", 8, hold=gripper_hold())  # d capped at H // 2
     log = Log()
     result = run_episode(driver, SimInference(ExpertChunkPolicy("pick_cube", 16), latency,
                                               np.random.default_rng(0), 0.05), sched, SimClock(0.05), 0, log)
@@ -48,7 +49,7 @@ def test_a_recorded_trace_with_spikes_runs_instead_of_being_refused(tmp_path):
     trace.write_text(json.dumps([0.12, 0.15, 0.9, 0.14, 0.13, 0.6, 0.12]))  # max 18 steps > H - s
     latency = TraceLatency.from_file(str(trace))
     env = make_env("pick_cube")
-    cell = evaluate_policy(env, ExpertChunkPolicy("pick_cube", 16), "naive", latency, episodes=3, seed=0)
+    cell = evaluate_policy(env, ExpertChunkPolicy("pick_cube", 16), ChunkingConfig(), latency, episodes=3, seed=0)
     assert cell["delay_steps"] == 18 and cell["execute_horizon"] == 8  # planned for d <= H // 2 = 8
     assert cell["latency_spikes"] >= 1 and cell["episodes"] == 3
 

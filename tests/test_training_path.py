@@ -138,3 +138,31 @@ def test_step_rewards_line_up_with_their_actions_through_the_acting_controller()
     assert result.steps == 12 and len(out) == 12
     np.testing.assert_allclose([t.ret for t in out], [float(t.action[0]) for t in out])
     assert [t.discount for t in out][-1] == 0.0 and all(t.discount == pytest.approx(0.9) for t in out[:-1])
+
+
+def test_the_takeover_penalty_is_not_clipped_away_by_the_td_floor():
+    """A robot step that made the intervener take over returns -penalty: with the floor at
+    q_floor the critic learns that value; with the old floor 0 it could only learn 0."""
+    from dataclasses import replace
+
+    from arli.rl.config import InterventionSpec, q_floor
+
+    spec = InterventionSpec(mode="corrective", segment=15, patience=3, takeover_penalty=0.5)
+    cfg = LearnerConfig(hidden=16, critic_hidden=32, critic_heads=2, critic_subset=2, batch_size=32,
+                        critic_lr=3e-3, critic_warmup_updates=10**6)
+    floor = q_floor(cfg, spec, online_intervener=True)
+    assert floor == pytest.approx(-0.5 / (1 - 0.99**18)) and q_floor(cfg, spec, online_intervener=False) == 0.0
+    assert q_floor(cfg, replace(spec, mode="takeover"), True) == -0.5
+    values = {}
+    for name, q_min in (("floor", floor), ("zero", 0.0)):
+        learner = ResidualLearner(replace(cfg, q_min=q_min), D, M, seed=0)
+        online = ReplayBuffer(64, D, M)
+        builder = TransitionBuilder(1, 0.99, takeover_penalty=0.5)
+        builder.step(_rec(1, reward=0.0, source=ONLINE))
+        for tr in builder.step(_rec(2, source=INTERVENTION)):  # the robot's step led to a takeover
+            for _ in range(64):
+                online.add({**tr, "discount": 0.0})
+        for _ in range(300):
+            learner.update(online, ReplayBuffer(1, D, M))
+        values[name] = float(learner.q_value(np.full((1, D), 1, np.float32), np.full((1, M), 0.1, np.float32))[0])
+    assert values["floor"] < -0.3 and values["zero"] > -0.05

@@ -38,7 +38,7 @@ def raw(obj) -> bytes:
 
 
 @pytest.mark.parametrize("frame, code, words", [
-    (raw({"v": PROTOCOL_VERSION + 1, "kind": "ping", "sent": 0.0}), "version", "protocol version 2"),
+    (raw({"v": PROTOCOL_VERSION + 1, "kind": "ping", "sent": 0.0}), "version", f"protocol version {PROTOCOL_VERSION + 1}"),
     (raw({"kind": "ping", "sent": 0.0}), "version", "None"),
     (raw({"v": PROTOCOL_VERSION, "kind": "launch_missiles"}), "unknown_kind", "launch_missiles"),
     (raw({"v": PROTOCOL_VERSION, "kind": "ping"}), "schema", "missing field 'sent'"),

@@ -8,7 +8,7 @@ pretraining's learning rate and number of updates, at each delay and seed:
 * per (delay, seed) the anchor data are collected once (as ``arli finetune`` does);
 * for every (learning rate, update count) the actor is reset to its zero-initialised weights
   and the generator to its post-collection state, then pretrained from scratch, so each
-  point is exactly what ``learner.pretrain_lr=<lr> learner.pretrain_updates=<n>`` gives;
+  point is exactly what ``run.learner.pretrain_lr=<lr> run.learner.pretrain_updates=<n>`` gives;
 * each point is evaluated on the latency sweep's evaluation seeds (``eval_episodes``).
 
 0 updates is the base under the same loop (the residual is exactly zero).
@@ -24,7 +24,6 @@ import numpy as np
 from tqdm import tqdm
 
 from arli.bench.common import machine_info, publish, success_plot
-from arli.bench.latency_sweep import eval_seed
 from arli.pretrain import ensure_base_policy
 from arli.config import BenchAnchorStartConfig
 
@@ -51,6 +50,7 @@ def run_pair(settings: dict, delay: int, seed: int) -> list[dict]:
     """Every (lr, updates) point of one (delay, seed); runs in a worker process."""
     import torch  # noqa: PLC0415
 
+    from arli.chunking import ChunkingConfig  # noqa: PLC0415
     from arli.finetune import Finetuner  # noqa: PLC0415
     from arli.latency import FixedLatency  # noqa: PLC0415
     from arli.policies.load import load_base_policy  # noqa: PLC0415
@@ -69,7 +69,7 @@ def run_pair(settings: dict, delay: int, seed: int) -> list[dict]:
     model = getattr(base, "model", None)
     ft = Finetuner(spec, env, base, EXPERTS[name], FixedLatency(delay * dt),
                    None if model is None else model.state_mean.numpy(),
-                   None if model is None else model.state_std.numpy())
+                   None if model is None else model.state_std.numpy(), ChunkingConfig(**settings["chunking"]))
     ft.prepare()  # anchor data only: 0 pretraining updates
     restart = pretraining_restarter(ft)
     base_success = None
@@ -81,7 +81,8 @@ def run_pair(settings: dict, delay: int, seed: int) -> list[dict]:
                             "success": base_success, "loss": None})
                 continue
             loss = restart(lr, n)
-            success = ft.evaluate(settings["eval_episodes"], seed=eval_seed(seed))["success"]
+            # a choice of setting: judged on the tune seeds, the same episodes for every training seed
+            success = ft.evaluate(settings["eval_episodes"], seed=spec.tune_seed)["success"]
             if n == 0:
                 base_success = success
             out.append({"delay_steps": delay, "seed": seed, "pretrain_lr": lr, "updates": n, "success": success,
@@ -112,10 +113,11 @@ def markdown(points: list[dict], cfg: BenchAnchorStartConfig) -> list[str]:
              f"eval_episodes={cfg.eval_episodes} workers={cfg.workers}` — base `{cfg.checkpoint}`, {cfg.run.anchor_episodes} "
              f"demonstration episodes as anchor data, batch {cfg.run.learner.batch_size}, residual scale "
              f"{cfg.run.learner.residual_scale}. Each point: pretraining from the zero residual, then "
-             f"{cfg.eval_episodes} evaluation episodes per seed (the latency sweep's seeds); mean ± std over "
+             f"{cfg.eval_episodes} evaluation episodes per seed (tune seeds {cfg.run.tune_seed}.., the same for "
+             f"every seed); mean ± std over "
              f"seeds {list(cfg.seeds)}. 0 updates = the base in the same loop. The default is "
-             f"`learner.pretrain_lr={cfg.run.learner.pretrain_lr}`, "
-             f"`learner.pretrain_updates={cfg.run.learner.pretrain_updates}`.", "",
+             f"`run.learner.pretrain_lr={cfg.run.learner.pretrain_lr}`, "
+             f"`run.learner.pretrain_updates={cfg.run.learner.pretrain_updates}`.", "",
              "| delay | pretrain lr | " + " | ".join(f"{n} upd." for n in updates) + " |",
              "|---:|---:|" + "---:|" * len(updates)]
     for delay in sorted(cfg.delay_steps):
@@ -144,6 +146,7 @@ def plot(points: list[dict], path: str, title: str) -> None:
 def main(cfg: BenchAnchorStartConfig) -> int:
     ensure_base_policy(cfg.checkpoint, cfg.pretrain, cfg.env)
     settings = {"env": asdict(cfg.env), "checkpoint": cfg.checkpoint, "run": asdict(cfg.run),
+                "chunking": asdict(cfg.chunking),
                 "chunk_size": cfg.pretrain.policy.chunk_size, "eval_episodes": cfg.eval_episodes,
                 "pretrain_lrs": list(cfg.pretrain_lrs), "updates": list(cfg.updates),
                 "threads": max(1, (os.cpu_count() or 2) // cfg.workers)}

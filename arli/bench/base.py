@@ -33,7 +33,7 @@ def reading(cells: list[dict]) -> str:
 
 
 def trace_table(env_name: str, env, policy, delays: list[int], episodes: int, seed: int,
-                execute_horizon: int) -> tuple[list[dict], str]:
+                chunking) -> tuple[list[dict], str]:
     """Traced async-naive episodes per delay (see ``arli.bench.trace``) and their reading."""
     from arli.bench.trace import object_height_index, summarize, trace_episodes  # noqa: PLC0415
     from sim_envs.experts import EXPERTS  # noqa: PLC0415
@@ -42,7 +42,7 @@ def trace_table(env_name: str, env, policy, delays: list[int], episodes: int, se
         return [], ""
     rows = []
     for d in delays:
-        tracer = trace_episodes(env, policy, EXPERTS[env_name], d, episodes, seed, execute_horizon,
+        tracer = trace_episodes(env, policy, EXPERTS[env_name], d, episodes, seed, chunking,
                                 object_height_index(env))
         rows.append({"delay_steps": d, **summarize(tracer)})
     md = ["## Why it fails: traced episodes (async naive)\n",
@@ -96,10 +96,10 @@ def main(cfg: BenchBaseConfig) -> int:
     policy = load_base_policy(cfg.checkpoint, env.unwrapped.instruction, cfg.env.name,
                               cfg.pretrain.policy.chunk_size, state_dim=env.observation_space["state"].shape[0])
     latencies = [FixedLatency(d * cfg.env.dt) for d in cfg.delay_steps]
-    cells, skipped = sweep(env, policy, list(cfg.strategies), latencies, cfg.episodes, cfg.seed,
-                           cfg.execute_horizon, cfg.blend_steps, "bench base")
+    cells, skipped = sweep(env, policy, cfg.chunking, list(cfg.strategies), latencies, cfg.episodes, cfg.seed,
+                           "bench base")
     traces, trace_md = trace_table(cfg.env.name, env, policy, sorted({0, *cfg.delay_steps}),
-                                   cfg.trace_episodes, cfg.seed, cfg.execute_horizon) if cfg.trace_episodes else ([], "")
+                                   cfg.trace_episodes, cfg.seed, cfg.chunking) if cfg.trace_episodes else ([], "")
     payload = {"env": cfg.env.name, "cells": cells, "traces": traces}
     os.makedirs(cfg.report_dir, exist_ok=True)
     plot(cells, os.path.join(cfg.report_dir, f"base_{cfg.env.name}.png"),

@@ -47,8 +47,8 @@ def main(cfg: BenchInterventionsConfig) -> int:
     run = cfg.run_dir
     if not cfg.report_only:
         os.makedirs(run, exist_ok=True)
-        argv = [sys.executable, "-m", "arli.cli", "finetune", f"env={cfg.env.name}", "regime=hil",
-                f"env_steps={cfg.env_steps}", f"output_dir={run}", *cfg.overrides]
+        argv = [sys.executable, "-m", "arli.cli", "finetune", f"env={cfg.env.name}", "run.regime=hil",
+                f"run.env_steps={cfg.env_steps}", f"output_dir={run}", *cfg.overrides]
         print("running", " ".join(argv[3:]), f"(log {run}.log)", flush=True)
         with open(f"{run}.log", "w", encoding="utf-8") as fh:
             if subprocess.call(argv, stdout=fh, stderr=subprocess.STDOUT) != 0:
@@ -74,7 +74,7 @@ def main(cfg: BenchInterventionsConfig) -> int:
                "anchor_only_success": summary["anchor_only_success"],
                "finetuned_success": summary["finetuned_success"], "windows": win, "machine": machine_info()}
     md = [f"# Interventions fall as the residual learns ({summary['env']}, d = {summary['delay_steps']})", "",
-          f"`arli bench interventions` — `arli finetune regime=hil env_steps={cfg.env_steps}`: the intervener is "
+          f"`arli bench interventions` — `arli finetune run.regime=hil run.env_steps={cfg.env_steps}`: the intervener is "
           "the scripted operator behind the device interface (`robot_drivers/teleop/scripted.py`; a SpaceMouse, "
           "gamepad or keyboard plugs in at the same place). It watches every training episode, takes over after "
           "3 steps of the robot's motion (dx, dy, dz, dyaw; not the gripper's timing) differing from its own by more "

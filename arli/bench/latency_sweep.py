@@ -29,6 +29,7 @@ from tqdm import tqdm
 from arli.bench.common import machine_info, print_last_line_json, success_plot, write_report
 from arli.pretrain import ensure_base_policy
 from arli.config import SWEEP_VARIANTS, LatencySweepConfig
+from arli.stats import success_ci
 
 BASE_VARIANTS = {"base_sync": "sync", "base_naive": "naive", "base_rtc": "rtc"}
 # sweep variant -> (state variant, fixed delay or None = every delay of the sweep)
@@ -39,14 +40,11 @@ RL_VARIANTS = {"arli": ("arli", None), "arli_no_committed": ("arli_no_committed"
 IDEAL = "standard_d0"
 
 
-def eval_seed(seed: int) -> int:
-    return 10_000 + 1000 * seed
-
-
 def run_cell(cfg_dict: dict, variant: str, delay: int, seed: int) -> dict:
     """One (variant, delay, seed) cell; runs in a worker process."""
     import torch  # noqa: PLC0415
 
+    from arli.chunking import ChunkingConfig  # noqa: PLC0415
     from arli.finetune import Finetuner  # noqa: PLC0415
     from arli.latency import FixedLatency  # noqa: PLC0415
     from arli.policies.load import load_base_policy  # noqa: PLC0415
@@ -64,11 +62,12 @@ def run_cell(cfg_dict: dict, variant: str, delay: int, seed: int) -> dict:
     latency = FixedLatency(delay * dt)
     episodes = cfg_dict["eval_episodes"]
     cell = {"variant": variant, "delay_steps": delay, "seed": seed}
+    chunking = ChunkingConfig(**cfg_dict["chunking"])
+    test_seed = cfg_dict["run"]["test_seed"]  # every training seed on the same test episodes: paired cells
     if variant in BASE_VARIANTS:
-        out = evaluate_policy(env, base, BASE_VARIANTS[variant], latency, episodes, eval_seed(seed),
-                              cfg_dict["run"]["execute_horizon"])
-        return {**cell, "success": out["success"], "steps_to_80": 0 if out["success"] >= 0.8 else None,
-                "sources": loaded_sources()}
+        out = evaluate_policy(env, base, chunking, latency, episodes, test_seed, strategy=BASE_VARIANTS[variant])
+        return {**cell, "success": out["success"], "outcomes": out["outcomes"],
+                "steps_to_80": 0 if out["success"] >= 0.8 else None, "sources": loaded_sources()}
     run = dict(cfg_dict["run"])
     spec = RunSpec(**{**run, "learner": LearnerConfig(**run.pop("learner")),
                       "intervention": InterventionSpec(**run.pop("intervention"))})
@@ -79,13 +78,14 @@ def run_cell(cfg_dict: dict, variant: str, delay: int, seed: int) -> dict:
     model = getattr(base, "model", None)
     ft = Finetuner(spec, env, base, EXPERTS[name], latency,
                    None if model is None else model.state_mean.numpy(),
-                   None if model is None else model.state_std.numpy())
+                   None if model is None else model.state_std.numpy(), chunking)
     ft.prepare()
     if variant != "anchor_only":
         ft.train(progress=False)
-    success = ft.evaluate(episodes, seed=eval_seed(seed))["success"]
+    final = ft.evaluate(episodes, seed=test_seed)
     reached = next((h["env_steps"] for h in ft.history if h["success"] >= 0.8), None)
-    return {**cell, "success": success, "steps_to_80": reached, "curve": ft.history, "sources": loaded_sources()}
+    return {**cell, "success": final["success"], "outcomes": final["outcomes"], "steps_to_80": reached,
+            "curve": ft.history, "sources": loaded_sources()}
 
 
 def plan(cfg: LatencySweepConfig) -> list[tuple[str, int, int]]:
@@ -117,7 +117,7 @@ def fingerprint(cfg_dict: dict, variant: str) -> str:
     checked file by file (``sources``), not here."""
     keys = {"env": cfg_dict["env"], "checkpoint": cfg_dict["checkpoint_digest"], "cell": cfg_dict["cell_code"],
             "eval_episodes": cfg_dict["eval_episodes"], "chunk_size": cfg_dict["chunk_size"],
-            "execute_horizon": cfg_dict["run"]["execute_horizon"]}
+            "chunking": cfg_dict["chunking"]}
     if variant not in BASE_VARIANTS:
         keys.update(run=cfg_dict["run"], budget=cfg_dict["budget"], regime=cfg_dict["regime"])
     return hashlib.sha1(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:12]
@@ -148,9 +148,12 @@ def aggregate(rows: list[dict], cfg: LatencySweepConfig) -> list[dict]:
                 continue
             succ = np.array([r["success"] for r in group])
             reached = [r["steps_to_80"] for r in group]
+            paired = all("outcomes" in r for r in group) and len({len(r["outcomes"]) for r in group}) == 1
             out.append({
                 "variant": variant, "delay_steps": d, "success_mean": round(float(succ.mean()), 4),
                 "success_std": round(float(succ.std()), 4), "seeds": len(group),
+                # 95% bootstrap interval over training seeds and the shared test episodes
+                "ci95": [round(x, 4) for x in success_ci([r["outcomes"] for r in group])] if paired else None,
                 # every seed must reach 80%; the slowest seed decides
                 "steps_to_80": None if any(x is None for x in reached) else int(max(reached)),
             })
@@ -284,7 +287,8 @@ def cell_settings(cfg: LatencySweepConfig) -> dict:
             "checkpoint_digest": checkpoint_digest(cfg.checkpoint),
             "cell_code": hashlib.sha1(inspect.getsource(run_cell).encode()).hexdigest()[:12],
             "regime": cfg.run.regime,
-            "budget": cfg.budget, "run": asdict(cfg.run), "chunk_size": cfg.pretrain.policy.chunk_size,
+            "budget": cfg.budget, "run": asdict(cfg.run), "chunking": asdict(cfg.chunking),
+            "chunk_size": cfg.pretrain.policy.chunk_size,
             "threads_per_worker": max(1, (os.cpu_count() or 2) // cfg.workers)}
 
 
@@ -325,6 +329,7 @@ def main(cfg: LatencySweepConfig) -> int:
 def non_default_settings(cfg: LatencySweepConfig) -> list[str]:
     """Overrides of the residual-learning settings and variant list, as Hydra arguments, so
     the command a report shows reproduces it."""
+    from arli.chunking import ChunkingConfig  # noqa: PLC0415
     from arli.rl.config import RunSpec  # noqa: PLC0415
 
     def flat(d: dict, prefix: str) -> dict:
@@ -333,7 +338,8 @@ def non_default_settings(cfg: LatencySweepConfig) -> list[str]:
             out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
         return out
 
-    now, default = flat(asdict(cfg.run), "run."), flat(asdict(RunSpec()), "run.")
+    now = {**flat(asdict(cfg.run), "run."), **flat(asdict(cfg.chunking), "chunking.")}
+    default = {**flat(asdict(RunSpec()), "run."), **flat(asdict(ChunkingConfig()), "chunking.")}
     out = [f"checkpoint={cfg.checkpoint}"] if cfg.checkpoint != f"checkpoints/base_{cfg.env.name}" else []
     out += [f"{k}={v}" for k, v in now.items() if v != default[k]]
     if list(cfg.variants) != list(SWEEP_VARIANTS):
@@ -365,7 +371,7 @@ def markdown(cells: list[dict], cfg: LatencySweepConfig) -> str:
         f"Budget: {cfg.budget} environment steps per RL run; {len(cfg.seeds)} seeds "
         f"({cfg.seeds}); {cfg.eval_episodes} evaluation episodes per seed and cell (the same "
         f"seeds for every variant); base policy `{cfg.checkpoint}` (content digest "
-        f"`{checkpoint_digest(cfg.checkpoint)}`: a base re-trained on another machine differs), async `{cfg.run.strategy}` "
+        f"`{checkpoint_digest(cfg.checkpoint)}`: a base re-trained on another machine differs), async `{cfg.chunking.strategy}` "
         "switching for the residual variants. `standard_d0` is the idealised reference (zero "
         "delay; the same runs as `standard` at d = 0), shown in the d = 0 column. `—`: cell not "
         "run. Steps to 80%: the evaluated env step at which every seed reached 80%.\n\n" + head + "\n".join(rows) + "\n\n![latency sweep](latency_sweep.png)\n\n"

@@ -19,7 +19,7 @@ import sys
 import numpy as np
 
 from arli.bench.common import figure, machine_info, publish
-from arli.config import BenchPipelineConfig
+from arli.config import BenchPipelineConfig, LaunchConfig
 
 
 def _run(argv: list[str], log: str) -> None:
@@ -48,17 +48,20 @@ def main(cfg: BenchPipelineConfig) -> int:
     inproc, launch = os.path.join(out, "inprocess"), os.path.join(out, "launch")
     if not cfg.report_only:
         os.makedirs(out, exist_ok=True)
-        print(f"in-process run: arli finetune env_steps={cfg.env_steps} (log {out}/inprocess.log)", flush=True)
-        _run(["finetune", f"env={cfg.env.name}", f"env_steps={cfg.env_steps}", f"output_dir={inproc}"],
-             os.path.join(out, "inprocess.log"))
+        # the delay the launched actors see: the server pads replies to LaunchConfig.min_latency_s
+        d = int(math.ceil(LaunchConfig.min_latency_s / cfg.env.dt - 1e-9))
+        print(f"in-process run: arli finetune run.env_steps={cfg.env_steps} delay_steps={d} "
+              f"(log {out}/inprocess.log)", flush=True)
+        _run(["finetune", f"env={cfg.env.name}", f"run.env_steps={cfg.env_steps}", f"delay_steps={d}",
+              f"output_dir={inproc}"], os.path.join(out, "inprocess.log"))
         print(f"multi-process run: arli launch sim actors={cfg.actors} (logs in {launch}/)", flush=True)
         _run(["launch", "sim", f"env={cfg.env.name}", f"actors={cfg.actors}", f"env_steps={cfg.env_steps}",
               f"output_dir={launch}"], os.path.join(out, "launch.log"))
     a = json.load(open(os.path.join(inproc, "summary.json"), encoding="utf-8"))
     b = json.load(open(os.path.join(launch, "learner", "summary.json"), encoding="utf-8"))
-    n = a["eval_episodes"]
+    n = a["eval"]["episodes"]
     pa, pb = a["finetuned_success"], b["finetuned_success"]
-    se = math.sqrt(max(pa * (1 - pa), 1e-9) / n + max(pb * (1 - pb), 1e-9) / b["eval_episodes"])
+    se = math.sqrt(max(pa * (1 - pa), 1e-9) / n + max(pb * (1 - pb), 1e-9) / b["eval"]["episodes"])
     within = abs(pa - pb) <= 2 * se
     actors = sorted(glob.glob(os.path.join(launch, "actor*", "stats.json")))
     stats = [json.load(open(p, encoding="utf-8")) for p in actors]

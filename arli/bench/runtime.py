@@ -51,11 +51,10 @@ def histogram(errors_ms: np.ndarray, residual_ms: np.ndarray, path: str) -> None
 
 def main(cfg: BenchRuntimeConfig) -> int:
     from arli.augment import StateBuilder  # noqa: PLC0415
-    from arli.chunking import ChunkScheduler  # noqa: PLC0415
     from arli.policies.residual import ResidualActor  # noqa: PLC0415
     from arli.policies.residual_np import ResidualActing  # noqa: PLC0415
     from arli.rl.config import LearnerConfig  # noqa: PLC0415
-    from arli.rollout import gripper_hold  # noqa: PLC0415
+    from arli.chunking import make_scheduler  # noqa: PLC0415
     from arli.runtime.actor import RemoteResidualController  # noqa: PLC0415
     from arli.runtime.clock import MonotonicClock  # noqa: PLC0415
     from arli.runtime.link import LearnerLink  # noqa: PLC0415
@@ -72,16 +71,18 @@ def main(cfg: BenchRuntimeConfig) -> int:
     try:
         env = make_env(task_name(cfg.env.name), dt=cfg.env.dt, max_episode_steps=cfg.steps)
         driver = SimDriver(env, now=time.perf_counter)
-        inference = RemoteInference(f"tcp://127.0.0.1:{port}", driver.dt, initial_delay_steps=4)
+        inference = RemoteInference(f"tcp://127.0.0.1:{port}", driver.dt,
+                                    initial_delay_steps=cfg.chunking.planned_delay_steps)
         inference.connect(timeout_s=30)
         lcfg = LearnerConfig()
-        builder = StateBuilder("arli", driver.state_dim, driver.action_dim, 16, cfg.steps)
+        builder = StateBuilder("arli", driver.state_dim, driver.action_dim, inference.chunk_size, cfg.steps)
         torch.manual_seed(0)
         actor = ResidualActor(builder.dim, driver.action_dim, lcfg.hidden)
         torch.nn.init.normal_(actor.net[-1].weight, std=0.1)  # non-zero output: a trained residual's cost
         arrays = {k: v.detach().numpy() for k, v in actor.state_dict().items()}
         ctl = RemoteResidualController(ResidualActing(lcfg, arrays, driver.action_dim), builder, link)
-        scheduler = ChunkScheduler(16, 8, driver.action_dim, "async", "naive", 4, hold=gripper_hold(5))
+        scheduler = make_scheduler(cfg.chunking, inference.chunk_size, driver.action_dim,
+                                   cfg.chunking.planned_delay_steps, cfg.chunking.min_delay_steps or 0)
         clock = MonotonicClock(driver.dt, spin_s=cfg.spin_s)
         requests, seed = 0, 0
         with tqdm(total=cfg.steps, desc=f"runtime @ {1 / driver.dt:.0f} Hz", unit="step", mininterval=1.0) as bar:

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from arli.chunking import ChunkScheduler
+from arli.chunking import ChunkingConfig, make_scheduler
+from arli.interfaces import StepController
 from arli.latency import FixedLatency
-from arli.rollout import StepController, async_horizon, gripper_hold, run_episode
+from arli.rollout import run_episode
 from arli.types import Observation, StepInfo
 
 
@@ -63,13 +64,11 @@ class Tracer(StepController):
         return action
 
 
-def trace_episodes(env, policy, expert, delay: int, episodes: int, seed: int, execute_horizon: int = 8,
+def trace_episodes(env, policy, expert, delay: int, episodes: int, seed: int, chunking: ChunkingConfig,
                    object_z: int | None = None) -> Tracer:
     """Run ``episodes`` async-naive episodes at fixed ``delay`` with a Tracer."""
     dt = float(env.unwrapped.dt)
-    H, m = policy.chunk_size, env.action_space.shape[0]
-    scheduler = ChunkScheduler(H, async_horizon(execute_horizon, H, delay), m, "async", "naive", delay,
-                               hold=gripper_hold(m), min_delay_steps=delay)
+    scheduler = make_scheduler(chunking, policy.chunk_size, env.action_space.shape[0], delay, delay, "naive")
     tracer, rng = Tracer(expert, object_z), np.random.default_rng(seed)
     for i in range(episodes):
         result = run_episode(env, policy, scheduler, FixedLatency(delay * dt), rng, seed + i, tracer)

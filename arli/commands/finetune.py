@@ -9,10 +9,11 @@ import os
 import sys
 import time
 
+import numpy as np
+
 from omegaconf import OmegaConf
 
 from arli.bench.common import success_plot
-from arli.pretrain import ensure_base_policy
 from arli.config import ConfigError, FinetuneConfig
 from arli.latency import FixedLatency, latency_from_config, to_delay_steps
 from sim_envs import make_env, task_name
@@ -43,13 +44,14 @@ def make_finetuner(cfg: FinetuneConfig, image_size: int = 0):
     ``image_size`` > 0 renders the task camera into every observation."""
     from arli.finetune import Finetuner  # noqa: PLC0415
     from arli.policies.load import load_base_policy  # noqa: PLC0415
+    from arli.pretrain import ensure_base_policy  # noqa: PLC0415 - torch
 
     name = task_name(cfg.env.name)
-    if getattr(cfg, "robot", "sim") == "franka":
+    if getattr(cfg, "robot", "sim") == "franka":  # only the learner service's config drives a robot
         return _real_robot_finetuner(cfg, name)
-    if name not in EXPERTS and (cfg.anchor_episodes or cfg.regime == "hil"):
+    if name not in EXPERTS and (cfg.run.anchor_episodes or cfg.run.regime == "hil"):
         raise ConfigError(f"env.name: {name} has no scripted expert for demonstrations or interventions; "
-                          "set anchor_episodes=0 regime=rl")
+                          "set run.anchor_episodes=0 run.regime=rl")
     ensure_base_policy(cfg.checkpoint, cfg.pretrain, cfg.env)
     env = make_env(name, dt=cfg.env.dt, max_episode_steps=cfg.env.max_episode_steps, image_size=image_size)
     base = load_base_policy(cfg.checkpoint, env.unwrapped.instruction, name,
@@ -60,7 +62,7 @@ def make_finetuner(cfg: FinetuneConfig, image_size: int = 0):
     model = getattr(base, "model", None)  # built-in policy: reuse its state normalisation
     mean = model.state_mean.numpy() if model is not None else None
     std = model.state_std.numpy() if model is not None else None
-    return Finetuner(cfg, env, base, EXPERTS.get(name), latency, mean, std), name, delay
+    return Finetuner(cfg.run, env, base, EXPERTS.get(name), latency, mean, std, cfg.chunking), name, delay
 
 
 def new_run_dir(prefix: str) -> str:
@@ -76,6 +78,22 @@ def new_run_dir(prefix: str) -> str:
             n += 1
 
 
+def test_report(run, split: dict, outcomes: dict[str, list[bool]]) -> dict:
+    """Per-episode outcomes of each evaluated policy on one seed range, their success with a
+    95% bootstrap interval, and the paired gains (finetuned vs start, vs base) with theirs."""
+    from arli.stats import gain_ci, success_ci, verdict  # noqa: PLC0415
+
+    out = {"split": split, "outcomes": outcomes,
+           "success": {k: float(np.mean(v)) for k, v in outcomes.items()},
+           "ci95": {k: list(success_ci(v)) for k, v in outcomes.items()}, "gains": {}}
+    for a, b in (("final", "start"), ("final", "base"), ("start", "base")):
+        if a in outcomes and b in outcomes:
+            ci = gain_ci(outcomes[a], outcomes[b])
+            out["gains"][f"{a}-{b}"] = {"mean": out["success"][a] - out["success"][b], "ci95": list(ci),
+                                        "verdict": verdict(ci)}
+    return out
+
+
 def main(cfg: FinetuneConfig) -> int:
     from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
 
@@ -83,45 +101,55 @@ def main(cfg: FinetuneConfig) -> int:
 
     start = time.time()
     ft, name, delay = make_finetuner(cfg)
-    run_dir = cfg.output_dir or new_run_dir(os.path.join("outputs", f"finetune_{name}_{cfg.variant}_d{delay}"))
+    spec = cfg.run
+    run_dir = cfg.output_dir or new_run_dir(os.path.join("outputs", f"finetune_{name}_{spec.variant}_d{delay}"))
     os.makedirs(run_dir, exist_ok=True)
     OmegaConf.save(OmegaConf.structured(cfg), os.path.join(run_dir, "config.yaml"))
-
+    test = {"split": "test", "seed_base": spec.test_seed, "episodes": spec.test_episodes}
     if cfg.resume:
         ft.load(cfg.resume)
         print(f"resumed {cfg.resume} at env step {ft.env_steps}")
     else:
         prep = ft.prepare(progress=True)
-        print(f"anchor data: {prep['anchor_transitions']} transitions from {cfg.anchor_episodes} demonstration "
+        print(f"anchor data: {prep['anchor_transitions']} transitions from {spec.anchor_episodes} demonstration "
               f"episodes; anchor pretraining loss {prep['pretrain_loss']:.4f}")
     anchor_eval = curve_start = None
     if not cfg.resume:  # the RL run's starting point: anchor-pretrained residual, no online step
-        print(f"evaluating the anchor-pretrained start ({cfg.final_eval_episodes} episodes)")
-        anchor_eval = ft.evaluate(cfg.final_eval_episodes)
-        # the curve's own start: the same seeds as every curve point (eval_episodes of them)
-        curve_start = ft.evaluate(cfg.eval_episodes, diagnostics=True)
+        print(f"evaluating the anchor-pretrained start ({spec.test_episodes} test episodes)")
+        anchor_eval = ft.evaluate_test()
+        # the curve's own start, on the tune seeds like every curve point
+        curve_start = ft.evaluate(spec.eval_episodes, diagnostics=True)
         ft.history.insert(0, {"env_steps": 0, "success": curve_start["success"], "episodes": 0, "updates": 0,
                               "wall_s": 0.0, "q_eval": curve_start["q_mean"],
                               "return_eval": curve_start["return_mean"], "intervened_steps": 0})
-    print(f"evaluating the base policy ({cfg.final_eval_episodes} episodes, async {cfg.strategy}, d={delay})")
-    base_eval = ft.evaluate(cfg.final_eval_episodes, residual=False)
+    print(f"evaluating the base policy ({spec.test_episodes} test episodes, async {cfg.chunking.strategy}, "
+          f"d={delay})")
+    base_eval = ft.evaluate_test(residual=False)
     writer = SummaryWriter(os.path.join(run_dir, "tb"))
+    train_start, steps_before, updates_before = time.time(), ft.env_steps, ft.learner.updates
     try:
         ft.train(writer=writer, checkpoint_dir=os.path.join(run_dir, "checkpoint"))
     except LearnerDiverged as exc:
         writer.close()
         print(f"arli finetune: stopped: {exc}", file=sys.stderr)
         return 3
+    train_s = time.time() - train_start
     ft.save(os.path.join(run_dir, "checkpoint"))
-    final = ft.evaluate(cfg.final_eval_episodes)
+    final = ft.evaluate_test()
     writer.add_scalar("eval/final_success", final["success"], ft.env_steps)
     writer.close()
+    outcomes = {"base": base_eval["outcomes"], "final": final["outcomes"]}
+    if anchor_eval is not None:
+        outcomes["start"] = anchor_eval["outcomes"]
+    report = test_report(spec, test, outcomes)
+    with open(os.path.join(run_dir, "eval_test.json"), "w", encoding="utf-8") as fh:
+        json.dump(report, fh, indent=1)
     start_success = anchor_eval["success"] if anchor_eval else None
     plot_curve(ft.history, base_eval["success"], os.path.join(run_dir, "learning_curve.png"),
-               f"{cfg.variant} residual ({cfg.regime}) on {name}, async {cfg.strategy}, d={delay}",
+               f"{spec.variant} residual ({spec.regime}) on {name}, async {cfg.chunking.strategy}, d={delay}",
                start_success, final["success"], ft.env_steps)
     summary = {
-        "env": name, "variant": cfg.variant, "regime": cfg.regime, "strategy": cfg.strategy,
+        "env": name, "variant": spec.variant, "regime": spec.regime, "strategy": cfg.chunking.strategy,
         "delay_steps": delay, "anchor_only_success": start_success,
         "env_steps": ft.env_steps, "updates": ft.learner.updates,
         # anchor replay = anchor episodes + online intervention steps
@@ -129,27 +157,38 @@ def main(cfg: FinetuneConfig) -> int:
         "intervention_share": round(ft.controller.intervened_steps / max(ft.env_steps, 1), 4),
         "takeovers": ft.controller.takeovers,
         "base_success": base_eval["success"], "finetuned_success": final["success"],
-        "eval_episodes": cfg.final_eval_episodes, "steps_to_80": steps_to(ft.history, 0.8),
+        "eval": test, "ci95": report["ci95"], "gains": report["gains"],
+        "steps_to_80": steps_to(ft.history, 0.8), "curve_eval": {"split": "tune", "seed_base": spec.tune_seed,
+                                                                 "episodes": spec.eval_episodes},
+        "env_steps_per_s": round((ft.env_steps - steps_before) / max(train_s, 1e-9), 1),
+        "updates_per_s": round((ft.learner.updates - updates_before) / max(train_s, 1e-9), 1),
         "history": ft.history, "episodes": ft.episode_log,
         "wall_s": round(time.time() - start, 1), "run_dir": run_dir,
     }
     with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=1)
-    print(f"\n| policy (async {cfg.strategy}, delay_steps={delay}) | success ({cfg.final_eval_episodes} episodes) |")
-    print("|---|---:|")
-    print(f"| base | {base_eval['success']:.2f} |")
+    ci = report["ci95"]
+    print(f"\n| policy (async {cfg.chunking.strategy}, d={delay}; {spec.test_episodes} test episodes, seeds "
+          f"{spec.test_seed}..) | success | 95% CI |")
+    print("|---|---:|---:|")
+    print(f"| base | {base_eval['success']:.2f} | {ci['base'][0]:.2f}–{ci['base'][1]:.2f} |")
     if start_success is not None:
-        print(f"| base + anchor-pretrained residual (0 online steps) | {start_success:.2f} |")
+        print(f"| base + anchor-pretrained residual (0 online steps) | {start_success:.2f} | "
+              f"{ci['start'][0]:.2f}–{ci['start'][1]:.2f} |")
     by_intervener = (f", {ft.controller.intervened_steps} of them by the intervener "
                      f"({summary['intervention_share']:.0%}, {ft.controller.takeovers} takeovers)"
-                     if cfg.regime == "hil" else "")
-    print(f"| base + {cfg.variant} residual after RL ({ft.env_steps} env steps{by_intervener}) "
-          f"| {final['success']:.2f} |")
+                     if spec.regime == "hil" else "")
+    print(f"| base + {spec.variant} residual after RL ({ft.env_steps} env steps{by_intervener}) "
+          f"| {final['success']:.2f} | {ci['final'][0]:.2f}–{ci['final'][1]:.2f} |")
+    for key, gain in report["gains"].items():
+        print(f"gain {key}: {gain['mean']:+.3f}, 95% CI [{gain['ci95'][0]:+.3f}, {gain['ci95'][1]:+.3f}] "
+              f"({gain['verdict']} 0)")
     if curve_start is not None:
         points = ", ".join(f"{h['success']:.2f}" for h in ft.history[1:])
-        print(f"\nlearning curve ({cfg.eval_episodes} episodes, same seeds): start {curve_start['success']:.2f} -> "
-              f"{points}; final vs start on {cfg.final_eval_episodes} seeds: {final['success'] - start_success:+.2f}")
-    print(f"\nwrote {run_dir}/ (checkpoint/, tb/, learning_curve.png, summary.json) in {summary['wall_s']:.0f} s")
+        print(f"learning curve ({spec.eval_episodes} tune episodes): {curve_start['success']:.2f} -> {points}")
+    print(f"{summary['env_steps_per_s']} env steps/s, {summary['updates_per_s']} updates/s while training")
+    print(f"\nwrote {run_dir}/ (checkpoint/, tb/, learning_curve.png, summary.json, eval_test.json) in "
+          f"{summary['wall_s']:.0f} s")
     return 0
 
 
@@ -174,4 +213,4 @@ def _real_robot_finetuner(cfg, name: str):
     latency = (FixedLatency(cfg.delay_steps * cfg.env.dt) if cfg.delay_steps is not None
                else latency_from_config(cfg.latency))
     delay = to_delay_steps(latency.max_latency(), cfg.env.dt)
-    return Finetuner(cfg, env, base, None, latency), name, delay
+    return Finetuner(cfg.run, env, base, None, latency, chunking=cfg.chunking), name, delay

@@ -14,13 +14,8 @@ import zlib
 
 import numpy as np
 
-from arli.config import (ActorConfig, KeysConfig, LaunchConfig, LearnerServiceConfig, ServeConfig,
-                         TransportConfig, bind_address)
-from arli.transport.zmq_io import CurveConfig, generate_keys
-
-
-def _curve(t: TransportConfig) -> CurveConfig:
-    return CurveConfig(t.curve.enabled, t.curve.keys_dir)
+from arli.config import ActorConfig, KeysConfig, LaunchConfig, LearnerServiceConfig, ServeConfig
+from arli.transport.zmq_io import bind_address, generate_keys
 
 
 def _logging() -> None:
@@ -47,7 +42,7 @@ def serve_main(cfg: ServeConfig) -> int:
     instruction = make_env(name).unwrapped.instruction
     policy = load_base_policy(cfg.checkpoint, instruction, name, cfg.pretrain.policy.chunk_size)
     server = InferenceServer(policy, bind_address(cfg.transport.server), {"dt": cfg.env.dt, "task": name},
-                             cfg.min_latency_s, _curve(cfg.transport), int(cfg.max_message_mb * 2**20))
+                             cfg.min_latency_s, cfg.transport.curve, int(cfg.max_message_mb * 2**20))
     print(f"arli serve: {type(policy).__name__} from {cfg.checkpoint} on {bind_address(cfg.transport.server)}"
           f" (min latency {cfg.min_latency_s * 1000:.0f} ms)", flush=True)
     try:
@@ -71,7 +66,7 @@ def learner_main(cfg: LearnerServiceConfig) -> int:
     meta, norm = ft.residual_definition()
     service = LearnerService(ft.trainer, meta, norm, ft.save, ft.load, bind_address(cfg.transport.learner),
                              bind_address(cfg.transport.weights), os.path.join(run_dir, "checkpoint"),
-                             cfg.env_steps, _curve(cfg.transport), cfg.publish_every, cfg.checkpoint_every_s)
+                             cfg.run.env_steps, cfg.transport.curve, cfg.publish_every, cfg.checkpoint_every_s)
     if service.load():
         print(f"arli learner: resumed {run_dir}/checkpoint at env step {service.env_steps}", flush=True)
     else:
@@ -86,7 +81,7 @@ def learner_main(cfg: LearnerServiceConfig) -> int:
         if time.perf_counter() - last[0] > 10:
             last[0] = time.perf_counter()
             recent = [e["success"] for e in svc.episodes[-20:]]
-            print(f"env steps {svc.env_steps}/{cfg.env_steps} updates {ft.learner.updates} "
+            print(f"env steps {svc.env_steps}/{cfg.run.env_steps} updates {ft.learner.updates} "
                   f"episodes {len(svc.episodes)} success(20) {np.mean(recent) if recent else 0:.2f} "
                   f"actors {sorted(svc.applied)}", flush=True)
 
@@ -102,21 +97,21 @@ def learner_main(cfg: LearnerServiceConfig) -> int:
     if cfg.robot != "sim":  # a real arm's learner has nothing to evaluate in sim
         print(f"arli learner: done at env step {service.env_steps}; checkpoint in {run_dir}/checkpoint", flush=True)
         return 0
-    final = ft.evaluate(cfg.final_eval_episodes)
-    summary = {"env": name, "variant": cfg.variant, "delay_steps": delay, "env_steps": service.env_steps,
+    final = ft.evaluate_test()
+    summary = {"env": name, "variant": cfg.run.variant, "delay_steps": delay, "env_steps": service.env_steps,
                "updates": ft.learner.updates, "finetuned_success": final["success"],
-               "eval_episodes": cfg.final_eval_episodes, "actors": sorted(service.applied),
+               "eval": {"split": "test", "seed_base": cfg.run.test_seed, "episodes": cfg.run.test_episodes},
+               "outcomes": final["outcomes"], "actors": sorted(service.applied),
                "episodes": service.episodes, "duplicates_ignored": service.duplicates,
                "rejected_rows": service.rejected_rows}
     with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=1)
     print(f"arli learner: done at env step {service.env_steps}; final eval (sim time, d={delay}) "
-          f"success {final['success']:.2f} over {cfg.final_eval_episodes} episodes -> {run_dir}/summary.json")
+          f"success {final['success']:.2f} over {cfg.run.test_episodes} test episodes -> {run_dir}/summary.json")
     return 0
 
 
 def actor_main(cfg: ActorConfig) -> int:
-    from arli.rollout import async_horizon, gripper_hold  # noqa: PLC0415
     from arli.runtime.actor import run_actor  # noqa: PLC0415
     from arli.runtime.link import LearnerLink  # noqa: PLC0415
     from arli.transport.inference_client import RemoteInference  # noqa: PLC0415
@@ -126,15 +121,11 @@ def actor_main(cfg: ActorConfig) -> int:
     env = make_env(task_name(cfg.env.name), dt=cfg.env.dt, max_episode_steps=cfg.env.max_episode_steps)
     driver = make_driver(cfg, env)
     instruction = cfg.task or env.unwrapped.instruction
-    curve = _curve(cfg.transport)
-    inference = RemoteInference(cfg.transport.server, driver.dt, curve, cfg.planned_delay_steps,
+    curve = cfg.transport.curve
+    inference = RemoteInference(cfg.transport.server, driver.dt, curve, cfg.chunking.planned_delay_steps,
                                 instruction=instruction)
     meta = inference.connect(timeout_s=120)
     H = inference.chunk_size
-    d = min(cfg.planned_delay_steps, H // 2)
-    chunking = {"execute_horizon": async_horizon(cfg.execute_horizon, H, d), "mode": "async",
-                "strategy": cfg.strategy, "max_delay_steps": d, "hold": gripper_hold(driver.action_dim),
-                "min_delay_steps": min(cfg.min_delay_steps, d)}
     link = LearnerLink(cfg.actor_id, cfg.transport.learner, cfg.transport.weights, curve).start()
     print(f"arli actor {cfg.actor_id}: server {meta['policy']} (H={H}), learner {cfg.transport.learner}", flush=True)
     os.makedirs(cfg.output_dir, exist_ok=True)
@@ -150,7 +141,7 @@ def actor_main(cfg: ActorConfig) -> int:
     seeds = (base_seed + i for i in range(10**6) if not stop.is_set())
     recording = Recording(cfg, env, driver, instruction)
     try:
-        stats, ctl = run_actor(driver, inference, link, chunking, seeds, cfg.weights_timeout_s,
+        stats, ctl = run_actor(driver, inference, link, cfg.chunking, seeds, cfg.weights_timeout_s,
                                cfg.max_episodes or None, on_episode, cfg.seed, cfg.spin_s,
                                intervention=person_intervention(cfg.device), wrap=recording.wrap)
         flushed = link.flush(timeout_s=15)
@@ -185,14 +176,14 @@ def make_driver(cfg: ActorConfig, env):
     size = (cfg.camera_size, cfg.camera_size)
     cameras = {name: Camera(int(src) if str(src).isdigit() else src, name, size).start()
                for name, src in cfg.cameras.items()}
-    return FrankaDriver(cfg.franka, cameras=cameras, now=time.perf_counter)
+    return FrankaDriver(cfg.franka, cameras=cameras, now=time.perf_counter, dt=cfg.env.dt)
 
 
 def person_intervention(device_name: str):
     """A person's device as the intervener (None for ``device=none``): it watches every
     episode and takes over whenever the operator does."""
-    from arli.runtime.intervention import Intervention  # noqa: PLC0415
     from arli.rl.config import InterventionSpec  # noqa: PLC0415
+    from arli.runtime.intervention import Intervention  # noqa: PLC0415
     from robot_drivers.teleop import open_device  # noqa: PLC0415
 
     device = open_device(device_name)
@@ -244,13 +235,13 @@ def launch_commands(cfg: LaunchConfig) -> dict[str, list[str]]:
     cmds = {
         "serve": arli + ["serve", *env, f"checkpoint={cfg.checkpoint}", f"min_latency_s={cfg.min_latency_s}",
                          *transport],
-        "learner": arli + ["learner", *env, f"checkpoint={cfg.checkpoint}", f"env_steps={cfg.env_steps}",
+        "learner": arli + ["learner", *env, f"checkpoint={cfg.checkpoint}", f"run.env_steps={cfg.env_steps}",
                            f"delay_steps={d_min}",
                            f"output_dir={cfg.output_dir}/learner", *transport, *cfg.extra_learner],
     }
     for i in range(cfg.actors):
         cmds[f"actor{i}"] = arli + ["actor", *env, f"actor_id=actor{i}", f"seed={i}",
-                                    f"planned_delay_steps={d_min}", f"min_delay_steps={d_min}",
+                                    f"chunking.planned_delay_steps={d_min}", f"chunking.min_delay_steps={d_min}",
                                     f"output_dir={cfg.output_dir}/actor{i}", *transport, *cfg.extra_actor]
         if cfg.record_root:
             cmds[f"actor{i}"].append(f"record_root={cfg.record_root}/actor{i}")

@@ -30,11 +30,11 @@ def _intervention(cfg: RecordConfig, expert):
         if expert is None:
             raise ConfigError(f"device: no scripted operator for {cfg.env.name}; use a person's device "
                               "(spacemouse, gamepad, keyboard) or device=none")
-        return Intervention(expert, cfg.intervention)
+        return Intervention(expert, cfg.run.intervention)
     device = open_device(cfg.device)
     if not device.connected:
         print(f"arli record: {device.status}; recording without interventions", flush=True)
-    spec = type(cfg.intervention)(**{**vars(cfg.intervention), "prob": 1.0, "mode": "corrective"})
+    spec = type(cfg.run.intervention)(**{**vars(cfg.run.intervention), "prob": 1.0, "mode": "corrective"})
     return Intervention(None, spec, device)
 
 
@@ -47,15 +47,15 @@ def main(cfg: RecordConfig) -> int:
     from arli.runtime.recording import RecordingController, intervention_features  # noqa: PLC0415
     from sim_envs.base import ACTION_NAMES, PROPRIO_DIM, PROPRIO_NAMES  # noqa: PLC0415
 
-    if os.path.exists(cfg.root) and os.listdir(cfg.root) and not cfg.resume:
-        raise ConfigError(f"root: {cfg.root} already holds a dataset; pass resume=true to append "
+    if os.path.exists(cfg.root) and os.listdir(cfg.root) and not cfg.append:
+        raise ConfigError(f"root: {cfg.root} already holds a dataset; pass append=true to append "
                           "episodes to it, or choose another root")
     ft, name, delay = make_finetuner(cfg, image_size=cfg.image_size)
     if cfg.residual:
         try:
             ft.load(cfg.residual)
         except (FileNotFoundError, ValueError, RuntimeError, KeyError) as exc:
-            raise ConfigError(f"residual: cannot load {cfg.residual}: {exc} (pass the same variant/learner "
+            raise ConfigError(f"residual: cannot load {cfg.residual}: {exc} (pass the same run.variant / run.learner "
                               "overrides as the finetune run that wrote it)") from None
     env = ft.env.unwrapped
     cameras = {"front": (cfg.image_size, cfg.image_size)} if cfg.image_size else {}
@@ -67,7 +67,7 @@ def main(cfg: RecordConfig) -> int:
     # A person's SIGTERM (or the launcher's) ends the run like Ctrl-C: the episode in
     # progress is dropped, every saved one stays.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    with EpisodeRecorder(cfg.root, int(round(1 / cfg.env.dt)), features, resume=cfg.resume,
+    with EpisodeRecorder(cfg.root, int(round(1 / cfg.env.dt)), features, resume=cfg.append,
                          use_videos=bool(cameras)) as recorder:
         rec = RecordingController(actor, recorder, env.instruction, PROPRIO_DIM, save_failed=cfg.save_failed)
         first = recorder.total_episodes

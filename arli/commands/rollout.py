@@ -8,9 +8,9 @@ import time
 
 from arli.config import RolloutConfig
 from arli.latency import FixedLatency, latency_from_config
+from arli.policies.expert import ExpertChunkPolicy
 from arli.rollout import cells_markdown, sweep
 from sim_envs import make_env, task_name
-from arli.policies.expert import ExpertChunkPolicy
 
 
 def main(cfg: RolloutConfig) -> int:
@@ -21,11 +21,11 @@ def main(cfg: RolloutConfig) -> int:
         latencies = [latency_from_config(cfg.latency)]
     env = make_env(cfg.env.name, dt=dt, image_size=cfg.env.image_size,
                    max_episode_steps=cfg.env.max_episode_steps)
-    policy = ExpertChunkPolicy(task_name(cfg.env.name), cfg.chunking.chunk_size)
+    policy = ExpertChunkPolicy(task_name(cfg.env.name), cfg.chunk_size)
     start = time.time()
-    cells, skipped = sweep(env, policy, list(cfg.strategies), latencies, cfg.episodes, cfg.seed,
-                           cfg.chunking.execute_horizon, cfg.chunking.blend_steps, "rollout cells")
-    print(f"\nexpert open-loop chunks on {cfg.env.name} (H={cfg.chunking.chunk_size}, "
+    cells, skipped = sweep(env, policy, cfg.chunking, list(cfg.strategies), latencies, cfg.episodes, cfg.seed,
+                           "rollout cells")
+    print(f"\nexpert open-loop chunks on {cfg.env.name} (H={cfg.chunk_size}, "
           f"{cfg.episodes} episodes per cell, {time.time() - start:.0f} s)\n")
     print(cells_markdown(cells))
     for note in skipped:

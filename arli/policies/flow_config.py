@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from arli.errors import require
+
 RTC_MODES = ("none", "guidance", "prefix")
 
 
@@ -25,19 +27,14 @@ class FlowHyperparams:
     execute_horizon: int = 8  # s of the RTC soft mask when a request does not carry the scheduler's
 
     def validate(self) -> None:
-        """ValueError naming the ``policy.*`` field that is out of range."""
-        if self.chunk_size < 2:
-            raise ValueError(f"policy.chunk_size: expected >= 2, got {self.chunk_size}")
-        if self.d_model < 1 or self.n_heads < 1 or self.d_model % self.n_heads:
-            raise ValueError(f"policy.d_model: expected a positive multiple of n_heads={self.n_heads}, "
-                             f"got {self.d_model}")
-        if self.num_steps < 1:
-            raise ValueError(f"policy.num_steps: expected >= 1, got {self.num_steps}")
-        if self.rtc_mode not in RTC_MODES:
-            raise ValueError(f"policy.rtc_mode: expected one of {RTC_MODES}, got {self.rtc_mode!r}")
-        if not 1 <= self.execute_horizon <= self.chunk_size:
-            raise ValueError(f"policy.execute_horizon: expected in [1, {self.chunk_size}], "
-                             f"got {self.execute_horizon}")
+        """ConfigError naming the ``policy.*`` field that is out of range."""
+        require(self.chunk_size >= 2, "policy.chunk_size", ">= 2", self.chunk_size)
+        require(self.d_model >= 1 and self.n_heads >= 1 and self.d_model % self.n_heads == 0, "policy.d_model",
+                f"a positive multiple of n_heads={self.n_heads}", self.d_model)
+        require(self.num_steps >= 1, "policy.num_steps", ">= 1", self.num_steps)
+        require(self.rtc_mode in RTC_MODES, "policy.rtc_mode", f"one of {RTC_MODES}", self.rtc_mode)
+        require(1 <= self.execute_horizon <= self.chunk_size, "policy.execute_horizon",
+                f"in [1, {self.chunk_size}]", self.execute_horizon)
 
 
 @dataclass
@@ -56,5 +53,5 @@ class FlowPolicyConfig(FlowHyperparams):
 
     def validate(self) -> None:
         super().validate()
-        if self.state_dim < 1 or self.action_dim < 1:
-            raise ValueError(f"state_dim and action_dim must be >= 1, got {self.state_dim}, {self.action_dim}")
+        require(self.state_dim >= 1, "state_dim", ">= 1", self.state_dim)
+        require(self.action_dim >= 1, "action_dim", ">= 1", self.action_dim)

@@ -119,7 +119,7 @@ class LeRobotPolicyAdapter(BasePolicy):
             # server does not do this, its issue #3445).
             from lerobot.policies.utils import populate_queues  # noqa: PLC0415
 
-            if request.history:
+            if request.history is not None:  # empty at an episode's start: nothing of the last one stays
                 self.policy.reset()
                 for past in request.history:
                     self.policy._queues = populate_queues(self.policy._queues, self._observations(past, task),

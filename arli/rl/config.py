@@ -3,7 +3,10 @@ uses these dataclasses directly)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+
+from arli.errors import require
 
 
 ACTOR_UPDATES = ("dpg", "select", "awr")
@@ -88,50 +91,49 @@ class LearnerConfig:
 
     def validate(self) -> None:
         checks = {
-            "learner.gamma": (0 < self.gamma <= 1, "in (0, 1]"),
-            "learner.n_step": (self.n_step >= 1, ">= 1"),
-            "learner.batch_size": (self.batch_size >= 2, ">= 2"),
-            "learner.hidden": (self.hidden >= 1, ">= 1"),
-            "learner.critic_hidden": (self.critic_hidden >= 1, ">= 1"),
-            "learner.critic_heads": (self.critic_heads >= 1, ">= 1"),
-            "learner.critic_subset": (1 <= self.critic_subset <= self.critic_heads, "in [1, critic_heads]"),
-            "learner.critic_lr": (self.critic_lr > 0, "> 0"),
-            "learner.actor_lr": (self.actor_lr > 0, "> 0"),
-            "learner.tau": (0 < self.tau <= 1, "in (0, 1]"),
-            "learner.anchor_ratio": (0 <= self.anchor_ratio <= 1, "in [0, 1]"),
-            "learner.residual_scale": (0 < self.residual_scale <= 2, "in (0, 2]"),
-            "learner.exploration_std": (self.exploration_std >= 0, ">= 0"),
-            "learner.exploration_corr": (0 <= self.exploration_corr < 1, "in [0, 1)"),
-            "learner.q_weight": (self.q_weight >= 0, ">= 0"),
-            "learner.anchor_weight": (self.anchor_weight >= 0, ">= 0"),
-            "learner.start_weight": (self.start_weight >= 0, ">= 0"),
-            "learner.q_filter": (not self.q_filter or self.actor_update == "dpg",
-                                 "false unless learner.actor_update=dpg (the Q-filter acts on dpg's BC term only)"),
-            "learner.utd": (self.utd >= 1, ">= 1"),
-            "learner.policy_delay": (self.policy_delay >= 1, ">= 1"),
-            "learner.critic_warmup_updates": (self.critic_warmup_updates >= 0, ">= 0"),
-            "learner.actor_update": (self.actor_update in ACTOR_UPDATES, f"one of {ACTOR_UPDATES}"),
-            "learner.gate_candidates": (self.gate_candidates >= 0, ">= 0"),
-            "learner.gate_std": (self.gate_std >= 0, ">= 0"),
-            "learner.awr_temperature": (self.awr_temperature > 0, "> 0"),
-            "learner.awr_max_weight": (self.awr_max_weight >= 1, ">= 1"),
-            "learner.pretrain_updates": (self.pretrain_updates >= 0, ">= 0"),
-            "learner.buffer_size": (self.buffer_size >= self.batch_size, ">= batch_size"),
-            "learner.q_max": (self.q_max > self.q_min, "> learner.q_min"),
-            "learner.max_abs_q": (self.max_abs_q > 0, "> 0"),
+            "run.learner.gamma": (0 < self.gamma <= 1, "in (0, 1]"),
+            "run.learner.n_step": (self.n_step >= 1, ">= 1"),
+            "run.learner.batch_size": (self.batch_size >= 2, ">= 2"),
+            "run.learner.hidden": (self.hidden >= 1, ">= 1"),
+            "run.learner.critic_hidden": (self.critic_hidden >= 1, ">= 1"),
+            "run.learner.critic_heads": (self.critic_heads >= 1, ">= 1"),
+            "run.learner.critic_subset": (1 <= self.critic_subset <= self.critic_heads, "in [1, critic_heads]"),
+            "run.learner.critic_lr": (self.critic_lr > 0, "> 0"),
+            "run.learner.actor_lr": (self.actor_lr > 0, "> 0"),
+            "run.learner.tau": (0 < self.tau <= 1, "in (0, 1]"),
+            "run.learner.anchor_ratio": (0 <= self.anchor_ratio <= 1, "in [0, 1]"),
+            "run.learner.residual_scale": (0 < self.residual_scale <= 2, "in (0, 2]"),
+            "run.learner.exploration_std": (self.exploration_std >= 0, ">= 0"),
+            "run.learner.exploration_corr": (0 <= self.exploration_corr < 1, "in [0, 1)"),
+            "run.learner.q_weight": (self.q_weight >= 0, ">= 0"),
+            "run.learner.anchor_weight": (self.anchor_weight >= 0, ">= 0"),
+            "run.learner.start_weight": (self.start_weight >= 0, ">= 0"),
+            "run.learner.q_filter": (not self.q_filter or self.actor_update == "dpg",
+                                 "false unless run.learner.actor_update=dpg (the Q-filter acts on dpg's BC term only)"),
+            "run.learner.utd": (self.utd >= 1, ">= 1"),
+            "run.learner.policy_delay": (self.policy_delay >= 1, ">= 1"),
+            "run.learner.critic_warmup_updates": (self.critic_warmup_updates >= 0, ">= 0"),
+            "run.learner.actor_update": (self.actor_update in ACTOR_UPDATES, f"one of {ACTOR_UPDATES}"),
+            "run.learner.gate_candidates": (self.gate_candidates >= 0, ">= 0"),
+            "run.learner.gate_std": (self.gate_std >= 0, ">= 0"),
+            "run.learner.awr_temperature": (self.awr_temperature > 0, "> 0"),
+            "run.learner.awr_max_weight": (self.awr_max_weight >= 1, ">= 1"),
+            "run.learner.pretrain_updates": (self.pretrain_updates >= 0, ">= 0"),
+            "run.learner.buffer_size": (self.buffer_size >= self.batch_size, ">= batch_size"),
+            "run.learner.q_max": (self.q_max > self.q_min, "> run.learner.q_min"),
+            "run.learner.max_abs_q": (self.max_abs_q > 0, "> 0"),
         }
-        raise_bad(self, checks)
-        if self.q_weight == 0 and self.anchor_weight == 0:  # no term of the actor's loss pulls anywhere
-            raise ValueError("learner.anchor_weight: expected > 0 when learner.q_weight is 0 (the actor would "
-                             "learn nothing), got 0.0; set one of them > 0")
+        check_fields(self, checks)
+        # no term of the actor's loss pulls anywhere
+        require(self.q_weight > 0 or self.anchor_weight > 0, "run.learner.anchor_weight",
+                "> 0 when run.learner.q_weight is 0 (the actor would learn nothing); set one of them > 0",
+                self.anchor_weight)
 
 
-def raise_bad(obj, checks: dict[str, tuple[bool, str]]) -> None:
-    """ValueError naming every failed ``"group.field": (ok, allowed)`` check and its value."""
-    bad = [f"{k}: expected {allowed}, got {getattr(obj, k.split('.')[1])!r}" for k, (ok, allowed) in checks.items()
-           if not ok]
-    if bad:
-        raise ValueError("; ".join(bad))
+def check_fields(obj, checks: dict[str, tuple[bool, str]]) -> None:
+    """``require`` for each ``"group.field": (ok, allowed)`` check, with the field's value."""
+    for name, (ok, allowed) in checks.items():
+        require(ok, name, allowed, getattr(obj, name.split(".")[-1]))
 
 
 INTERVENTION_MODES = ("takeover", "corrective")
@@ -154,16 +156,30 @@ class InterventionSpec:
     takeover_penalty: float = 0.0
 
     def validate(self) -> None:
-        checks = {"intervention.prob": (0 <= self.prob <= 1, "in [0, 1]"),
-                  "intervention.after": (self.after >= 0, ">= 0"),
-                  "intervention.mode": (self.mode in INTERVENTION_MODES, f"one of {INTERVENTION_MODES}"),
-                  "intervention.threshold": (self.threshold >= 0, ">= 0"),
-                  "intervention.patience": (self.patience >= 1, ">= 1"),
-                  "intervention.segment": (self.segment >= 1, ">= 1"),
-                  "intervention.judged_dims": (self.judged_dims >= 0, ">= 0 (0 = every entry)"),
-                  "intervention.max_steps": (self.max_steps >= 0, ">= 0 (0 = no cap)"),
-                  "intervention.takeover_penalty": (self.takeover_penalty >= 0, ">= 0")}
-        raise_bad(self, checks)
+        checks = {"run.intervention.prob": (0 <= self.prob <= 1, "in [0, 1]"),
+                  "run.intervention.after": (self.after >= 0, ">= 0"),
+                  "run.intervention.mode": (self.mode in INTERVENTION_MODES, f"one of {INTERVENTION_MODES}"),
+                  "run.intervention.threshold": (self.threshold >= 0, ">= 0"),
+                  "run.intervention.patience": (self.patience >= 1, ">= 1"),
+                  "run.intervention.segment": (self.segment >= 1, ">= 1"),
+                  "run.intervention.judged_dims": (self.judged_dims >= 0, ">= 0 (0 = every entry)"),
+                  "run.intervention.max_steps": (self.max_steps >= 0, ">= 0 (0 = no cap)"),
+                  "run.intervention.takeover_penalty": (self.takeover_penalty >= 0, ">= 0")}
+        check_fields(self, checks)
+
+
+def q_floor(learner: LearnerConfig, intervention: InterventionSpec, online_intervener: bool) -> float:
+    """The lowest reachable return, where TD targets are clipped from below. The success
+    reward is >= 0; each takeover costs ``takeover_penalty`` on the robot's step before it.
+    A takeover intervener takes over once an episode; a corrective one hands back after
+    ``segment`` steps and needs ``patience`` more to take over again, so its penalties are at
+    least that far apart: -penalty / (1 - gamma^(segment + patience)) bounds their sum."""
+    penalty = intervention.takeover_penalty if online_intervener else 0.0
+    if penalty == 0:
+        return learner.q_min
+    if intervention.mode == "takeover":
+        return min(learner.q_min, -penalty)
+    return min(learner.q_min, -penalty / (1 - learner.gamma ** (intervention.segment + intervention.patience)))
 
 
 REGIMES = ("rl", "hil")
@@ -177,8 +193,6 @@ class RunSpec:
     # rl: anchor = demonstrations relabelled through the scheduler, no online intervener;
     # hil: the intervener also acts online (``intervention``), its segments join the anchor
     regime: str = "rl"
-    strategy: str = "naive"  # async switch strategy of the base policy
-    execute_horizon: int = 8
     env_steps: int = 15_000
     anchor_episodes: int = 60  # demonstration episodes (expert in the async loop) before learning
     # recorded intervention datasets (`arli record`, `arli actor record_root=...`): their
@@ -186,9 +200,40 @@ class RunSpec:
     datasets: list[str] = field(default_factory=list)
     intervention: InterventionSpec = field(default_factory=InterventionSpec)
     learn_after: int = 1000  # transitions in replay before the first update
+    # evaluation on two disjoint seed ranges: the learning curve (and every choice of a
+    # setting) on the tune episodes, the final numbers on the test episodes no choice saw
     eval_every: int = 2500
-    eval_episodes: int = 30
+    eval_episodes: int = 30  # tune episodes per curve point: seeds tune_seed ..
+    tune_seed: int = 10_000
+    test_episodes: int = 200  # final evaluation: base alone, anchored start and finetuned, same seeds
+    test_seed: int = 5_000_000
     seed: int = 0
     learner: LearnerConfig = field(default_factory=LearnerConfig)
 
 
+
+    def tune_range(self) -> range:
+        """Episode seeds of the learning curve and of every choice of a setting."""
+        return range(self.tune_seed, self.tune_seed + self.eval_episodes)
+
+    def test_range(self) -> range:
+        """Episode seeds of the final numbers."""
+        return range(self.test_seed, self.test_seed + self.test_episodes)
+
+    def validate(self) -> None:
+        from arli.augment import VARIANTS  # noqa: PLC0415 - augment imports numpy only, but later
+
+        require(self.variant in VARIANTS, "run.variant", f"one of {VARIANTS}", self.variant)
+        require(self.regime in REGIMES, "run.regime", f"one of {REGIMES}", self.regime)
+        for name in ("env_steps", "eval_every", "eval_episodes", "test_episodes"):
+            require(getattr(self, name) >= 1, f"run.{name}", ">= 1", getattr(self, name))
+        tune, test = self.tune_range(), self.test_range()
+        require(tune.stop <= test.start or test.stop <= tune.start, "run.test_seed",
+                f"a test range disjoint from the tune seeds [{tune.start}, {tune.stop}) (tune on one, report "
+                f"on the other)", f"[{test.start}, {test.stop})")
+        require(self.anchor_episodes >= 0, "run.anchor_episodes", ">= 0", self.anchor_episodes)
+        require(self.learn_after >= 1, "run.learn_after", ">= 1", self.learn_after)
+        for root in self.datasets:
+            require(os.path.isdir(root), "run.datasets", "paths of recorded LeRobotDatasets", root)
+        self.intervention.validate()
+        self.learner.validate()

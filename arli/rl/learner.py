@@ -148,7 +148,7 @@ class ResidualLearner:
         if not (np.isfinite(stats["critic_loss"]) and abs(stats["q_mean"]) <= cfg.max_abs_q):
             raise LearnerDiverged(f"critic diverged at update {self.updates}: loss {stats['critic_loss']:.3g}, "
                                   f"mean Q {stats['q_mean']:.3g} (returns are in [{cfg.q_min}, {cfg.q_max}]); "
-                                  "lower learner.critic_lr or learner.tau")
+                                  "lower run.learner.critic_lr or run.learner.tau")
         self.critic_opt.zero_grad()
         critic_loss.backward()
         if diagnostics:

@@ -41,11 +41,16 @@ class Trainer:
 
     def ingest_rows(self, rows: np.ndarray) -> int:
         """(N, W) rows from an actor (one per environment step); returns how many were stored."""
+        rows = np.asarray(rows, np.float32)
+        if rows.ndim != 2 or rows.shape[1] != self.online.rows.shape[1]:  # an actor running another config
+            raise ValueError(f"rows must have shape (N, {self.online.rows.shape[1]}), got {rows.shape}")
         if not len(rows):
             return 0
+        finite = np.all(np.isfinite(rows), axis=1)
+        self.rejected_rows += int((~finite).sum())
+        rows = rows[finite]
         online = rows[:, self.src_col] == ONLINE
         n = self.online.add_rows(rows[online]) + self.anchor.add_rows(rows[~online])
-        self.rejected_rows += len(rows) - n
         self.intervention_rows += int((rows[:, self.src_col] == INTERVENTION).sum())
         self._count(n)
         return n

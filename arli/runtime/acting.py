@@ -79,8 +79,9 @@ class ResidualController(StepController):
         """The decision of step t: state, the residual's proposal, what executes and who chose it."""
         state = self.builder.build(obs.state, info)
         proposed = self.policy.act(state, info.base_action, explore=self.train)
-        takeover = self.intervention.decide(t, obs.state, proposed) if self._may_intervene() else None
-        events = tuple(self.intervention.events) if self.intervention is not None else ()
+        polled = self._may_intervene()
+        takeover = self.intervention.decide(t, obs.state, proposed) if polled else None
+        events = tuple(self.intervention.events) if polled else ()  # this step's, never a stale one
         if takeover is None:
             return Decision(t, state, info.base_action.copy(), proposed, proposed, ONLINE, events)
         return Decision(t, state, info.base_action.copy(), proposed, np.asarray(takeover, np.float32),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from arli.augment import StateBuilder
-from arli.chunking import ChunkScheduler
+from arli.chunking import ChunkingConfig, make_scheduler
 from arli.policies.residual_np import ResidualActing
 from arli.rl.config import LearnerConfig
 from arli.rl.transitions import RowLayout, TransitionBuilder
@@ -124,7 +124,7 @@ def wait_for_weights(link: LearnerLink, timeout_s: float) -> tuple[int, dict, di
                        "is `arli learner` running (same curve settings)?")
 
 
-def run_actor(driver, inference, link: LearnerLink, chunking: dict, seeds, weights_timeout_s: float = 120.0,
+def run_actor(driver, inference, link: LearnerLink, chunking: ChunkingConfig, seeds, weights_timeout_s: float = 120.0,
               max_episodes: int | None = None, on_episode=None, seed: int = 0, spin_s: float = 0.002,
               intervention=None, wrap=None) -> tuple[ActorStats, RemoteResidualController]:
     """Episodes until the learner says it is done (or ``max_episodes``).
@@ -142,7 +142,10 @@ def run_actor(driver, inference, link: LearnerLink, chunking: dict, seeds, weigh
     ctl = RemoteResidualController(learner, builder, link, intervention=intervention)
     ctl.version, ctl.done = version, bool(meta.get("done", False))
     loop_ctl = wrap(ctl) if wrap is not None else ctl
-    scheduler = ChunkScheduler(inference.chunk_size, action_dim=driver.action_dim, **chunking)
+    # plans for chunking.planned_delay_steps (the first requests; the endpoint then plans with
+    # the measured latency's quantile, within that bound) with the served policy's chunk size
+    scheduler = make_scheduler(chunking, inference.chunk_size, driver.action_dim, chunking.planned_delay_steps,
+                               chunking.min_delay_steps or 0)
     clock = MonotonicClock(driver.dt, spin_s=spin_s)
     stats = ActorStats()
     for seed in seeds:

@@ -5,7 +5,9 @@ what delay to plan the next request for, ``submit`` a request (never blocks) and
 the replies that have arrived by control step ``step`` (``arli.interfaces.InferenceEndpoint``).
 
 * ``SimInference``: the policy runs in-process at ``submit``; its reply is released
-  ``d`` steps later, ``d`` drawn from a latency model (sim time, deterministic).
+  ``d`` steps later, ``d`` drawn from a latency model at that moment (sim time,
+  deterministic). Like the real client it plans each request from the latencies it has
+  measured, never from the one the request is about to take.
 * ``arli.transport.inference_client.RemoteInference``: a ZeroMQ client of ``arli serve``;
   replies arrive when they arrive (wall clock) and their latency is measured.
 """
@@ -13,6 +15,7 @@ the replies that have arrived by control step ``step`` (``arli.interfaces.Infere
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import numpy as np
 
@@ -22,32 +25,38 @@ from arli.types import ChunkReply, ChunkRequest, Observation
 
 
 class SimInference:
-    """The base policy in-process, its replies delayed by a latency model in sim time."""
+    """The base policy in-process, its replies delayed by a latency model in sim time.
 
-    def __init__(self, policy: BasePolicy, latency: LatencyModel, rng: np.random.Generator, dt: float):
-        self.policy, self.latency, self.rng, self.dt = policy, latency, rng, dt
+    ``next_delay`` is what ``RemoteInference`` plans with: ``initial_delay_steps`` until a
+    reply has landed, then the ``quantile`` of the last 50 latencies (default initial: the
+    model's maximum). The delay a request really takes is drawn when it is sent.
+    """
+
+    def __init__(self, policy: BasePolicy, latency: LatencyModel, rng: np.random.Generator, dt: float,
+                 initial_delay_steps: int | None = None, quantile: float = 0.9):
+        self.policy, self.latency, self.rng, self.dt, self.quantile = policy, latency, rng, dt, quantile
         self.chunk_size, self.action_dim = policy.chunk_size, policy.action_dim
         self.n_obs_steps = int(policy.n_obs_steps)
+        self.initial_delay_steps = (to_delay_steps(latency.max_latency(), dt) if initial_delay_steps is None
+                                    else initial_delay_steps)
+        self._recent: deque[float] = deque(maxlen=50)
         self._pending: list[tuple[int, ChunkReply]] = []
-        self._next_delay: int | None = None
 
     def begin_episode(self, seed: int) -> None:
         self.policy.reset(seed)
         self._pending.clear()
 
     def next_delay(self) -> int:
-        if self._next_delay is None:
-            self._next_delay = to_delay_steps(self.latency.sample(self.rng), self.dt)
-        return self._next_delay
+        if not self._recent:
+            return self.initial_delay_steps
+        return to_delay_steps(float(np.quantile(np.asarray(self._recent), self.quantile)), self.dt)
 
     def submit(self, request: ChunkRequest, history: list[Observation]) -> bool:
-        d = self.next_delay()
-        self._next_delay = None
-        if d != request.delay_steps:
-            raise RuntimeError(f"request assumed delay {request.delay_steps}, the model drew {d}")
+        latency_s = self.latency.sample(self.rng)
+        d = to_delay_steps(latency_s, self.dt)
         actions = self.policy.infer(request.policy_request(history))
-        self._pending.append((request.t0 + d, ChunkReply(request.request_id, actions,
-                                                         {"latency_s": d * self.dt})))
+        self._pending.append((request.t0 + d, ChunkReply(request.request_id, actions, {"latency_s": d * self.dt})))
+        self._recent.append(latency_s)
         return True
 
     def poll(self, step: int) -> list[ChunkReply]:

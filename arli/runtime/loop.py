@@ -71,8 +71,9 @@ class Episode:
         for reply in self.inference.poll(step):
             _land(self.scheduler, reply, step, self.result)
 
-    def step(self) -> None:
-        """Control step t: wait for the tick, land replies, maybe request, act, see the outcome."""
+    def step(self) -> bool:
+        """Control step t: wait for the tick, land replies, maybe request, act, see the outcome.
+        Returns whether an action was executed (False: the robot failed before it ran)."""
         t, inference, scheduler, result = self.t, self.inference, self.scheduler, self.result
         try:
             self.clock.wait(t, inference.drain, self.ctl.warm)
@@ -87,7 +88,9 @@ class Episode:
                 scheduler.cancel()
                 result.abandoned += 1
             if inference.healthy() and scheduler.should_request(t):
-                request = scheduler.make_request(obs, t, inference.next_delay())
+                # plan within the bound the scheduler was built for; a longer reply is a spike
+                delay = min(inference.next_delay(), scheduler.max_delay_steps)
+                request = scheduler.make_request(obs, t, delay)
                 if inference.submit(request, list(self.history)):
                     result.requests += 1
                     self._land(t)  # d = 0 in sim time: available before this step runs
@@ -103,9 +106,11 @@ class Episode:
             result.success = out.success
             self.t = t + 1
             self.done = out.terminated or out.truncated
+            return True
         except RobotFault as exc:  # the robot is gone: end the episode cleanly, keep its data
             result.robot_fault = str(exc)
             self.terminated, self.truncated, self.done = False, True, True
+            return False
 
     def finish(self) -> EpisodeResult:
         """End the episode: late replies land, the controller sees the final observation."""

@@ -28,6 +28,7 @@ from arli.transport.zmq_io import CurveConfig, bind_socket, stop_auth
 from arli.types import Observation, PolicyRequest
 
 log = logging.getLogger("arli.serve")
+WARNINGS_PER_WINDOW, WARNING_WINDOW_S = 20, 10.0  # the log's budget for policy-error lines
 
 
 def _images(value, where: str) -> dict[str, np.ndarray]:
@@ -52,9 +53,9 @@ def policy_request(msg) -> PolicyRequest:
     for i, h in enumerate(msg.get("history") or []):
         if not isinstance(h, dict) or not isinstance(h.get("state"), np.ndarray) or h["state"].ndim != 1:
             raise ProtocolError("schema", f"infer: history[{i}] must be a map with a 1-d state array")
-        history.append(Observation(h["state"].astype(np.float32), -1,
+        history.append(Observation(np.array(h["state"], np.float32), -1,
                                    images=_images(h.get("images") or {}, f"infer: history[{i}]")))
-    obs = Observation(np.asarray(msg["state"], np.float32), int(msg["t0"]), float(msg["capture_ts"]),
+    obs = Observation(np.array(msg["state"], np.float32), int(msg["t0"]), float(msg["capture_ts"]),
                       _images(msg.get("images") or {}, "infer"), msg.get("instruction") or "")
     return PolicyRequest(obs, msg.get("committed_prefix"), int(msg["delay_steps"]), msg.get("guidance"),
                          msg.get("execute_horizon"), tuple(history))
@@ -74,7 +75,8 @@ class InferenceServer:
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self._due: list[tuple[float, int, bytes, bytes]] = []  # (send at, seq, identity, frame)
         self._seq = 0
-        self.stats = {"requests": 0, "errors": 0, "clients": set()}
+        self.stats = {"requests": 0, "errors": 0, "warnings_suppressed": 0, "clients": set()}
+        self._window_start, self._logged, self._held = time.perf_counter(), 0, 0
 
     # -- one message -------------------------------------------------------------------
     def handle(self, frame) -> bytes:
@@ -100,8 +102,25 @@ class InferenceServer:
             return error_frame(exc, request_id=request_id)
         except Exception as exc:  # the policy failed on this input: say so, keep serving
             self.stats["errors"] += 1
-            log.warning("policy error on request %s: %s", request_id, exc)
+            self._warn(f"policy error on request {request_id}: {exc}")
             return error_frame("policy", f"{type(exc).__name__}: {exc}", request_id)
+
+    def _warn(self, line: str) -> None:
+        """A warning line, at most ``WARNINGS_PER_WINDOW`` per ``WARNING_WINDOW_S``: a client that
+        floods bad requests gets every error reply, but cannot fill the server's log (the
+        lines held back are counted in ``stats['warnings_suppressed']`` and reported)."""
+        now = time.perf_counter()
+        if now - self._window_start > WARNING_WINDOW_S:
+            if self._held:
+                log.warning("%d more policy-error warnings in the last %.0f s not logged", self._held,
+                            WARNING_WINDOW_S)
+            self._window_start, self._logged, self._held = now, 0, 0
+        if self._logged < WARNINGS_PER_WINDOW:
+            self._logged += 1
+            log.warning("%s", line)
+        else:
+            self._held += 1
+            self.stats["warnings_suppressed"] += 1
 
     def _infer(self, msg, recv: float) -> bytes:
         request = policy_request(msg)

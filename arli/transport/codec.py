@@ -20,7 +20,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: infer carries the scheduler's execute_horizon
 NDARRAY_EXT = 1
 NDARRAY_FRAME_EXT = 2  # header [dtype, shape, frame index]: the bytes travel as their own ZMQ frame
 OUT_OF_BAND_BYTES = 32 * 1024  # arrays this large go out of band (zero-copy) in encode_frames

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import recv_monitor_message
 
+from arli.errors import require
+
 
 @dataclass
 class CurveConfig:
+    """``transport.curve``: CurveZMQ encryption and client authentication."""
+
     enabled: bool = False
     keys_dir: str = "keys"  # written by `arli keys`
 
@@ -29,6 +33,30 @@ class CurveConfig:
             raise FileNotFoundError(f"CURVE key file {path} not found; generate keys with "
                                     f"`arli keys dir={self.keys_dir}` or set curve.enabled=false")
         return path
+
+
+@dataclass
+class TransportConfig:
+    """The ``transport`` group: where each service listens (the bind side uses the port with
+    ``tcp://*``) and CurveZMQ."""
+
+    server: str = "tcp://127.0.0.1:5555"  # inference server (robot -> GPU machine)
+    learner: str = "tcp://127.0.0.1:5556"  # transitions (robot -> workstation)
+    weights: str = "tcp://127.0.0.1:5557"  # weights (workstation -> robots)
+    curve: CurveConfig = field(default_factory=CurveConfig)
+
+    def validate(self) -> None:
+        for name in ("server", "learner", "weights"):
+            value = getattr(self, name)
+            require(value.startswith(("tcp://", "ipc://", "inproc://")), f"transport.{name}",
+                    "a ZeroMQ address like tcp://host:port", value)
+
+
+def bind_address(address: str) -> str:
+    """tcp://host:port -> tcp://*:port (what a service binds)."""
+    if address.startswith("tcp://"):
+        return "tcp://*:" + address.rsplit(":", 1)[1]
+    return address
 
 
 def generate_keys(keys_dir: str, clients: int = 1) -> list[str]:

@@ -17,7 +17,6 @@ class FrankaConfig:
     hostname: str = "172.16.0.2"  # the robot's FCI address (franky-sim: 127.0.0.1)
     gripper: bool = True
     realtime: bool = True  # False only for franky-sim / a non-RT kernel: libfranka refuses otherwise
-    dt: float = 0.05  # control period (s)
     max_episode_steps: int = 300
     home_q: list[float] = field(
         default_factory=lambda: [0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785])
@@ -52,7 +51,7 @@ class FrankaConfig:
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
                 raise ValueError(f"franka.{name}: expected a value in (0, 1], got {value}")
-        for name in ("dt", "max_step_pos", "max_step_yaw", "max_lead", "watchdog_s"):
+        for name in ("max_step_pos", "max_step_yaw", "max_lead", "watchdog_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"franka.{name}: expected > 0, got {getattr(self, name)}")
         if self.max_step_pos > 0.05:

@@ -44,13 +44,13 @@ class FrankaDriver(RobotDriver):
     action_dim = 5
 
     def __init__(self, cfg: FrankaConfig, cameras: dict | None = None,
-                 now: Callable[[], float] = time.perf_counter, franky_module: Any = None) -> None:
+                 now: Callable[[], float] = time.perf_counter, franky_module: Any = None, dt: float = 0.05) -> None:
         cfg.validate()
         if franky_module is None:
             import franky as franky_module  # noqa: PLC0415  (libfranka is only needed here)
         self.franky = franky_module
         self.cfg = cfg
-        self.dt = cfg.dt
+        self.dt = dt  # the control period: the runtime's (env.dt), one for the loop and the arm
         self.max_episode_steps = cfg.max_episode_steps
         self.cameras = cameras or {}
         self._now = now
