@@ -336,10 +336,12 @@ class LaunchConfig:
     extra_learner: list[str] = field(default_factory=list)  # more overrides for the learner
     extra_actor: list[str] = field(default_factory=list)  # more overrides for every actor
     record_root: str = ""  # record each actor's episodes into <record_root>/<actor_id>
+    restarts: int = 3  # times the server or the learner is restarted when it dies
 
     def validate(self) -> None:
         self.env.validate()
         _positive(self, "actors")
+        require(self.restarts >= 0, "restarts", ">= 0", self.restarts)
         require(self.env_steps >= 100, "env_steps", ">= 100", self.env_steps)
 
 

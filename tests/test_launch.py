@@ -57,3 +57,43 @@ def test_launch_two_actors_one_learner(tmp_path):
     # the final evaluation ran the 3 episodes asked for
     assert summary["eval"]["episodes"] == len(summary["outcomes"]) == 3
     assert summary["finetuned_success"] == sum(summary["outcomes"]) / 3
+
+
+@pytest.mark.slow
+def test_launch_restarts_a_learner_killed_mid_run_and_it_resumes(tmp_path):
+    """A supervisor's job: kill -9 the learner; launch restarts it, it resumes from its
+    checkpoint, the actors' spooled transitions land and the run finishes with rc 0."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "launch"
+    base_port = free_ports(1)[0]
+    if base_port > 60000:
+        base_port = 40000 + base_port % 10000
+    extra = '["run.anchor_episodes=2","run.learner.pretrain_updates=10","run.learn_after=100",' \
+            '"run.test_episodes=2","checkpoint_every_s=1"]'
+    proc = subprocess.Popen([sys.executable, "-m", "arli.cli", "launch", "sim", "actors=1", "env=pick_cube",
+                             "checkpoint=expert", "env_steps=1500", f"base_port={base_port}", f"output_dir={out}",
+                             f"extra_learner={extra}"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        pid = None
+        for line in proc.stdout:
+            if line.startswith("started learner (pid"):
+                pid = int(line.split("pid ")[1].split(")")[0])
+                break
+        assert pid is not None
+        deadline = time.time() + 200
+        while not (out / "learner" / "checkpoint" / "service.json").exists() and time.time() < deadline:
+            time.sleep(0.5)
+        time.sleep(2)  # some transitions applied and checkpointed
+        os.kill(pid, signal.SIGKILL)
+        rest = proc.stdout.read()
+        assert proc.wait(timeout=300) == 0, rest[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "learner exited with -9; restarting it (1/3)" in rest
+    assert "resumed" in (out / "learner.log").read_text()
+    summary = json.loads((out / "learner" / "summary.json").read_text())
+    assert summary["env_steps"] >= 1500

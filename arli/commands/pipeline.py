@@ -249,20 +249,44 @@ def launch_commands(cfg: LaunchConfig) -> dict[str, list[str]]:
 
 
 def launch_main(cfg: LaunchConfig) -> int:
-    """Start server, learner and actors; wait for the learner; stop the rest."""
-    from arli.pretrain import ensure_base_policy  # noqa: PLC0415
+    """Start server, learner and actors; supervise the server and the learner (a process that
+    dies is restarted, at most ``cfg.restarts`` times each, and resumes from its checkpoint);
+    wait for the learner to finish; stop the rest."""
     from arli.config import PretrainConfig  # noqa: PLC0415
+    from arli.pretrain import ensure_base_policy  # noqa: PLC0415
 
     os.makedirs(cfg.output_dir, exist_ok=True)
     ensure_base_policy(cfg.checkpoint, PretrainConfig(env=cfg.env), cfg.env)  # once, not in two processes
     procs: dict[str, subprocess.Popen] = {}
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    commands = launch_commands(cfg)
+
+    def start(name: str, mode: str = "w") -> None:
+        log = open(os.path.join(cfg.output_dir, f"{name}.log"), mode, encoding="utf-8")
+        procs[name] = subprocess.Popen(commands[name], stdout=log, stderr=subprocess.STDOUT, env=env)
+        print(f"started {name} (pid {procs[name].pid}): logs in {cfg.output_dir}/{name}.log", flush=True)
+
     try:
-        for name, argv in launch_commands(cfg).items():
-            log = open(os.path.join(cfg.output_dir, f"{name}.log"), "w", encoding="utf-8")
-            procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-            print(f"started {name} (pid {procs[name].pid}): logs in {cfg.output_dir}/{name}.log", flush=True)
-        rc = procs["learner"].wait()
+        for name in commands:
+            start(name)
+        restarts = {"serve": 0, "learner": 0}
+        while True:
+            rc = procs["learner"].poll()
+            if rc == 0:
+                break
+            for name in restarts:
+                code = procs[name].poll()
+                if code is None:
+                    continue
+                if restarts[name] >= cfg.restarts:
+                    print(f"arli launch: {name} exited with {code} after {restarts[name]} restarts; giving up",
+                          flush=True)
+                    return code or 1
+                restarts[name] += 1
+                print(f"arli launch: {name} exited with {code}; restarting it ({restarts[name]}/{cfg.restarts})",
+                      flush=True)
+                start(name, "a")
+            time.sleep(0.5)
         for name, proc in procs.items():
             if name.startswith("actor"):
                 try:
