@@ -136,6 +136,8 @@ class BenchBaseConfig:
         self.env.validate()
         self.chunking.validate()
         self.pretrain.validate()
+        require(self.chunking.execute_horizon <= self.pretrain.policy.chunk_size, "chunking.execute_horizon",
+                f"<= the policy's chunk size ({self.pretrain.policy.chunk_size})", self.chunking.execute_horizon)
         _positive(self, "episodes")
         _delays(self.delay_steps)
         _strategies(self.strategies)
@@ -385,6 +387,7 @@ class LatencySweepConfig:
         self.chunking.validate()
         self.pretrain.validate()
         self.run.validate()
+        self.run.check_seeds(self.run.tune_range(), range(self.run.test_seed, self.run.test_seed + self.eval_episodes))
         require(self.budget >= 100, "budget", ">= 100 env steps", self.budget)
         require(len(self.seeds) >= 1, "seeds", "a non-empty list", self.seeds)
         _delays(self.delay_steps)
@@ -418,6 +421,7 @@ class BenchAnchorStartConfig:
         self.chunking.validate()
         self.pretrain.validate()
         self.run.validate()
+        self.run.check_seeds(range(self.run.tune_seed, self.run.tune_seed + self.eval_episodes), self.run.test_range())
         require(len(self.seeds) >= 1, "seeds", "a non-empty list", self.seeds)
         require(len(self.delay_steps) >= 1, "delay_steps", "a non-empty list of integers >= 0", self.delay_steps)
         _delays(self.delay_steps)
@@ -527,6 +531,8 @@ class BenchRuntimeConfig:
     def validate(self) -> None:
         self.env.validate()
         self.chunking.validate()
+        require(self.chunking.planned_delay_steps is not None, "chunking.planned_delay_steps",
+                "the delay (steps) the robot plans for", None)
         require(self.steps >= 100, "steps", ">= 100", self.steps)
         require(self.min_latency_s >= 0, "min_latency_s", ">= 0", self.min_latency_s)
         require(self.compute_ms >= 0, "compute_ms", ">= 0", self.compute_ms)

@@ -16,7 +16,7 @@ from arli.augment import StateBuilder
 from arli.chunking import ChunkingConfig, delay_bounds, make_scheduler
 from arli.errors import InputError
 from arli.latency import LatencyModel
-from arli.rl.config import InterventionSpec, RunSpec, q_floor
+from arli.rl.config import TRAIN_SEED_BASE, InterventionSpec, RunSpec, q_floor
 from arli.rl.learner import LearnerDiverged, ResidualLearner
 from arli.rl.replay import ReplayBuffer
 from arli.rl.trainer import Trainer
@@ -45,7 +45,6 @@ def q_vs_return(learner: ResidualLearner, trace: list[list[tuple]], gamma: float
 
 
 CHECKPOINT_FORMAT = 4  # 4: the trainer's state (learner, replays, step and update counts) in one entry
-TRAIN_SEED_BASE = 100_000  # training episodes never reuse demo (0..), tune (10_000..) or test (5e6..) seeds
 
 
 class Finetuner:
@@ -109,7 +108,7 @@ class Finetuner:
         scheduler's own (base actions relabelled). They are not online steps: no updates, no
         budget. Returns the anchor transitions collected."""
         if self.spec.anchor_episodes and self.expert is None:
-            raise ValueError("anchor_episodes > 0 needs a scripted expert for this task; set anchor_episodes=0")
+            raise ValueError("anchor_episodes > 0 needs a scripted expert for this task; set run.anchor_episodes=0")
         # the demonstrator acts through the same acting path; the residual still proposes
         # (with exploration), so the run's random streams are those of acting
         demo = ResidualController(self.learner, self.builder, train=True, transitions=self._nstep(),
@@ -231,6 +230,11 @@ class Finetuner:
         if diagnostics and controller is not None:
             out.update(q_vs_return(self.learner, controller.trace, self.spec.learner.gamma))
         return out
+
+    def train_range(self) -> range:
+        """Episode seeds this run trained on (demonstrations and online episodes so far)."""
+        first = TRAIN_SEED_BASE + 1000 * self.spec.seed
+        return range(first, first + self.episode)
 
     def evaluate_test(self, residual: bool = True) -> dict:
         """The final numbers: ``spec.test_episodes`` episodes on the test seeds."""

@@ -111,7 +111,7 @@ class EpisodeRecorder:
         exists = self.root.exists() and any(self.root.iterdir())
         if exists and not resume:
             raise FileExistsError(f"dataset root {self.root} exists and is not empty; choose another "
-                                  "root, pass resume=true to append to it, or delete it "
+                                  "root, append to it (`arli record append=true`), or delete it "
                                   "(recordings are never overwritten)")
         if exists:
             repair_dataset(self.root)

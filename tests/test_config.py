@@ -39,6 +39,11 @@ def test_defaults_and_overrides():
     ("learner", "run.env_steps=0", "run.env_steps"),
     ("finetune", "run.test_seed=10010", "run.test_seed"),  # overlaps the tune seeds 10000..10029
     ("bench_latency_sweep", "run.tune_seed=4999990", "run.test_seed"),
+    ("bench_latency_sweep", "run.tune_seed=5000050", "run.test_seed"),  # inside the sweep's 100 test seeds
+    ("bench_anchor_start", "run.test_seed=10050", "run.test_seed"),  # inside anchor-start's 100 tune seeds
+    ("finetune", "run.test_seed=100000", "run.test_seed"),  # the training episodes' seeds
+    ("bench_base", "chunking.execute_horizon=20", "chunking.execute_horizon"),
+    ("bench_runtime", "chunking.planned_delay_steps=null", "chunking.planned_delay_steps"),
     ("eval", "episodes=0", "episodes"),
     ("bench_latency_sweep", "variants=[arli,magic]", "variants"),
     ("bench_learner", "threads=0", "threads"),

@@ -97,3 +97,20 @@ def test_launch_restarts_a_learner_killed_mid_run_and_it_resumes(tmp_path):
     assert "resumed" in (out / "learner.log").read_text()
     summary = json.loads((out / "learner" / "summary.json").read_text())
     assert summary["env_steps"] >= 1500
+
+
+@pytest.mark.slow
+def test_launch_does_not_restart_a_learner_that_refuses_its_settings(tmp_path):
+    """A config error (exit 2) fails the same way every time: no restarts, exit 2, and the
+    learner's one-line reason is in its log."""
+    out = tmp_path / "launch"
+    base_port = free_ports(1)[0]
+    if base_port > 60000:
+        base_port = 40000 + base_port % 10000
+    proc = subprocess.run([sys.executable, "-m", "arli.cli", "launch", "sim", "actors=1", "env=pick_cube",
+                           "checkpoint=expert", f"base_port={base_port}", f"output_dir={out}",
+                           'extra_learner=["run.learner.tau=0"]'], cwd=ROOT, capture_output=True, text=True,
+                          timeout=200)
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert "learner refused its settings" in proc.stdout and "restarting" not in proc.stdout
+    assert "run.learner.tau: expected in (0, 1], got 0.0" in (out / "learner.log").read_text()

@@ -166,3 +166,43 @@ def test_the_takeover_penalty_is_not_clipped_away_by_the_td_floor():
             learner.update(online, ReplayBuffer(1, D, M))
         values[name] = float(learner.q_value(np.full((1, D), 1, np.float32), np.full((1, M), 0.1, np.float32))[0])
     assert values["floor"] < -0.3 and values["zero"] > -0.05
+
+
+def test_sim_plans_from_measured_latencies_never_from_the_next_one():
+    """SimInference plans as the robot's client does: its first request at the initial plan,
+    later ones at the 0.9 quantile of the latencies measured so far, capped at the plan the
+    scheduler was built for; the delay a request really takes is drawn when it is sent."""
+    from arli.latency import TraceLatency
+    from arli.runtime.inference import SimInference
+    from arli.types import ChunkRequest, Observation
+
+    class Zeros:
+        chunk_size, action_dim, n_obs_steps = 8, 2, 1
+
+        def reset(self, seed=None): ...
+
+        def infer(self, request):
+            return np.zeros((8, 2), np.float32)
+
+    trace = (0.1, 0.1, 0.3, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1)  # 2 steps, one 6-step spike
+    sim = SimInference(Zeros(), TraceLatency(trace), np.random.default_rng(0), 0.05, initial_delay_steps=4)
+    planned, landed = [], []
+    for k in range(10):
+        planned.append(sim.next_delay())
+        sim.submit(ChunkRequest(k, 10 * k, Observation(np.zeros(3, np.float32), 10 * k), planned[-1], None), [])
+        (reply,) = sim.poll(10 * k + 10)
+        landed.append(round(reply.meta["latency_s"] / 0.05))
+    assert landed == [2, 2, 6, 2, 2, 2, 2, 2, 2, 2]  # drawn at the request, whatever was planned
+    assert planned[0] == 4 and planned[1:3] == [2, 2]  # the spike was not known before it happened
+    assert planned[3] == 4  # after it: the quantile (6 steps) capped at the scheduler's plan (4)
+
+
+def test_eval_labels_the_seeds_by_what_the_run_did_with_them():
+    from arli.commands.eval import split_of
+    from arli.rl.config import RunSpec
+
+    spec = RunSpec(tune_seed=10_000, eval_episodes=30, test_seed=5_000_000, test_episodes=200)
+    train = range(100_000, 100_050)
+    assert split_of(spec, 5_000_000, 200, train) == "test" == split_of(spec, 5_000_050, 20, train)
+    assert split_of(spec, 10_010, 5, train) == "tune" and split_of(spec, 100_020, 10, train) == "train"
+    assert split_of(spec, 7_000_000, 50, train) == "other" and split_of(spec, 4_999_990, 20, train) == "other"

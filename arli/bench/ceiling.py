@@ -54,7 +54,7 @@ def _setup(settings: dict, delay: int):
     from sim_envs.experts import EXPERTS  # noqa: PLC0415
 
     name, dt = settings["env"]["name"], settings["env"]["dt"]
-    env = make_env(name, dt=dt)
+    env = make_env(name, dt=dt, max_episode_steps=settings["env"]["max_episode_steps"])
     base = load_base_policy(settings["checkpoint"], env.unwrapped.instruction, name, settings["chunk_size"],
                             state_dim=env.observation_space["state"].shape[0])
     return env, base, EXPERTS[name], FixedLatency(delay * dt), ChunkingConfig(**settings["chunking"])

@@ -1,6 +1,6 @@
 """``arli bench interventions``: does the intervention rate fall as the residual learns?
 
-Runs ``arli finetune regime=hil`` (the online intervener is the scripted operator behind
+Runs ``arli finetune run.regime=hil`` (the online intervener is the scripted operator behind
 the device interface, ``robot_drivers.teleop.ScriptedOperator``: it takes over when the
 robot's action strays from its own, drives a short segment, hands back) unless
 ``report_only``; then plots the share of control steps the intervener drove, per window of
@@ -90,7 +90,7 @@ def main(cfg: BenchInterventionsConfig) -> int:
           f"of control steps ({'falls' if falling else 'does NOT fall'} by the criterion: >= 25% lower; every window: "
           + ", ".join(f"{w['intervention_rate']:.2f}" for w in win) + f"). Overall {summary['intervention_share']:.2f}, "
           f"{summary['takeovers']} takeovers.", "",
-          f"Evaluation of the residual alone (no intervener, same 100 seeds): base {summary['base_success']:.2f}, "
+          f"Evaluation of the residual alone (no intervener, the same test seeds): base {summary['base_success']:.2f}, "
           f"anchor-pretrained start {summary['anchor_only_success']:.2f}, after the hil run "
           f"{summary['finetuned_success']:.2f}.", "", "![interventions](interventions.png)", "",
           "| env steps | intervention rate | assisted episodes | training success |", "|---:|---:|---:|---:|"]

@@ -1,7 +1,7 @@
 """``arli bench pipeline``: the multi-process sim run (``arli launch sim``: inference server,
 learner, 2 actors, real wall-clock latency) against the in-process run (``arli finetune``,
 latency in sim time) with the same config and budget. Both are evaluated by the same
-in-process evaluator on the same 100 seeds at d = 4. Writes reports/pipeline.{md,json,png}
+in-process evaluator on the same test seeds at d = 4. Writes reports/pipeline.{md,json,png}
 with a histogram of the latencies the actors measured.
 
 ``report_only=true`` rebuilds the report from ``output_dir`` without running anything.

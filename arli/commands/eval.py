@@ -29,13 +29,19 @@ def load_run_config(run_dir: str) -> FinetuneConfig:
     return cfg
 
 
-def split_of(spec, seed_base: int, episodes: int) -> str:
-    """'test' for the run's test seeds, 'tune' for seeds its choices saw, else 'other'."""
+def split_of(spec, seed_base: int, episodes: int, train: range) -> str:
+    """Which seeds these are to the run: 'test' (within its test seeds), 'tune' (its curve's,
+    where its choices were made), 'train' (its demonstration and training episodes), else
+    'other' (seeds the run never saw)."""
     asked = range(seed_base, seed_base + episodes)
-    if asked == spec.test_range():
+
+    def meets(r: range) -> bool:
+        return asked.start < r.stop and r.start < asked.stop
+
+    test = spec.test_range()
+    if test.start <= asked.start and asked.stop <= test.stop:
         return "test"
-    tune = spec.tune_range()
-    return "tune" if asked.start < tune.stop and tune.start < asked.stop else "other"
+    return "tune" if meets(spec.tune_range()) else "train" if meets(train) else "other"
 
 
 def main(cfg: EvalConfig) -> int:
@@ -47,7 +53,8 @@ def main(cfg: EvalConfig) -> int:
     spec = run_cfg.run
     seed_base = spec.test_seed if cfg.seed_base is None else cfg.seed_base
     episodes = spec.test_episodes if cfg.episodes is None else cfg.episodes
-    split = {"split": split_of(spec, seed_base, episodes), "seed_base": seed_base, "episodes": episodes}
+    split = {"split": split_of(spec, seed_base, episodes, ft.train_range()), "seed_base": seed_base,
+             "episodes": episodes}
     print(f"evaluating {cfg.run} ({spec.variant}, d={delay}, {ft.env_steps} env steps) and the base alone on "
           f"{episodes} episodes from seed {seed_base} ({split['split']} seeds)", flush=True)
     final = ft.evaluate(episodes, seed_base)

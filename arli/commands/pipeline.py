@@ -248,6 +248,9 @@ def launch_commands(cfg: LaunchConfig) -> dict[str, list[str]]:
     return cmds
 
 
+ACTORLESS_GRACE_S = 900.0  # the learner's final evaluation may run this long after its actors stopped
+
+
 def launch_main(cfg: LaunchConfig) -> int:
     """Start server, learner and actors; supervise the server and the learner (a process that
     dies is restarted, at most ``cfg.restarts`` times each, and resumes from its checkpoint);
@@ -262,30 +265,37 @@ def launch_main(cfg: LaunchConfig) -> int:
     commands = launch_commands(cfg)
 
     def start(name: str, mode: str = "w") -> None:
-        log = open(os.path.join(cfg.output_dir, f"{name}.log"), mode, encoding="utf-8")
-        procs[name] = subprocess.Popen(commands[name], stdout=log, stderr=subprocess.STDOUT, env=env)
+        with open(os.path.join(cfg.output_dir, f"{name}.log"), mode, encoding="utf-8") as log:
+            procs[name] = subprocess.Popen(commands[name], stdout=log, stderr=subprocess.STDOUT, env=env)
         print(f"started {name} (pid {procs[name].pid}): logs in {cfg.output_dir}/{name}.log", flush=True)
 
     try:
         for name in commands:
             start(name)
         restarts = {"serve": 0, "learner": 0}
-        while True:
-            rc = procs["learner"].poll()
-            if rc == 0:
-                break
+        actors_gone = None  # when every actor had stopped (the learner may still be evaluating)
+        while procs["learner"].poll() != 0:
             for name in restarts:
                 code = procs[name].poll()
                 if code is None:
                     continue
+                if code == 2:  # a config or input error: the same command fails the same way again
+                    print(f"arli launch: {name} refused its settings (see {cfg.output_dir}/{name}.log)", flush=True)
+                    return 2
                 if restarts[name] >= cfg.restarts:
                     print(f"arli launch: {name} exited with {code} after {restarts[name]} restarts; giving up",
                           flush=True)
-                    return code or 1
+                    return 1
                 restarts[name] += 1
                 print(f"arli launch: {name} exited with {code}; restarting it ({restarts[name]}/{cfg.restarts})",
                       flush=True)
                 start(name, "a")
+            if all(p.poll() is not None for n, p in procs.items() if n.startswith("actor")):
+                actors_gone = actors_gone or time.perf_counter()
+                if time.perf_counter() - actors_gone > ACTORLESS_GRACE_S:
+                    print(f"arli launch: every actor stopped {ACTORLESS_GRACE_S:.0f} s ago and the learner is not "
+                          "done (see the actor logs)", flush=True)
+                    return 1
             time.sleep(0.5)
         for name, proc in procs.items():
             if name.startswith("actor"):
@@ -293,7 +303,7 @@ def launch_main(cfg: LaunchConfig) -> int:
                     proc.wait(timeout=60)
                 except subprocess.TimeoutExpired:
                     proc.terminate()
-        return rc
+        return 0
     finally:
         for proc in procs.values():
             if proc.poll() is None:

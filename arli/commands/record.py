@@ -42,7 +42,7 @@ def main(cfg: RecordConfig) -> int:
     from arli.commands.finetune import make_finetuner  # noqa: PLC0415
     from arli.record import EpisodeRecorder  # noqa: PLC0415
     from arli.runtime.acting import ResidualController  # noqa: PLC0415
-    from arli.finetune import TRAIN_SEED_BASE  # noqa: PLC0415
+    from arli.rl.config import TRAIN_SEED_BASE  # noqa: PLC0415
     from arli.rollout import run_episode  # noqa: PLC0415
     from arli.runtime.recording import RecordingController, intervention_features  # noqa: PLC0415
     from sim_envs.base import ACTION_NAMES, PROPRIO_DIM, PROPRIO_NAMES  # noqa: PLC0415

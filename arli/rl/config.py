@@ -183,6 +183,14 @@ def q_floor(learner: LearnerConfig, intervention: InterventionSpec, online_inter
 
 
 REGIMES = ("rl", "hil")
+# training episodes (demonstrations, online) of seed k draw their episode seeds from
+# TRAIN_SEED_BASE + 1000 k ..; tune and test seeds stay out of that block
+TRAIN_SEED_BASE = 100_000
+TRAIN_SEED_BLOCK = range(TRAIN_SEED_BASE, TRAIN_SEED_BASE + 1_000_000)
+
+
+def disjoint(a: range, b: range) -> bool:
+    return a.stop <= b.start or b.stop <= a.start
 
 
 @dataclass
@@ -227,10 +235,16 @@ class RunSpec:
         require(self.regime in REGIMES, "run.regime", f"one of {REGIMES}", self.regime)
         for name in ("env_steps", "eval_every", "eval_episodes", "test_episodes"):
             require(getattr(self, name) >= 1, f"run.{name}", ">= 1", getattr(self, name))
-        tune, test = self.tune_range(), self.test_range()
-        require(tune.stop <= test.start or test.stop <= tune.start, "run.test_seed",
-                f"a test range disjoint from the tune seeds [{tune.start}, {tune.stop}) (tune on one, report "
-                f"on the other)", f"[{test.start}, {test.stop})")
+        self.check_seeds(self.tune_range(), self.test_range())
+
+    def check_seeds(self, tune: range, test: range) -> None:
+        """Refuse tune and test episode seeds that overlap each other or the training seeds."""
+        require(disjoint(tune, test), "run.test_seed", f"a test range disjoint from the tune seeds "
+                f"[{tune.start}, {tune.stop}) (tune on one, report on the other)", f"[{test.start}, {test.stop})")
+        block = TRAIN_SEED_BLOCK
+        for name, r in (("run.tune_seed", tune), ("run.test_seed", test)):
+            require(disjoint(r, block), name, f"seeds outside the training episodes' [{block.start}, {block.stop})",
+                    f"[{r.start}, {r.stop})")
         require(self.anchor_episodes >= 0, "run.anchor_episodes", ">= 0", self.anchor_episodes)
         require(self.learn_after >= 1, "run.learn_after", ">= 1", self.learn_after)
         for root in self.datasets:

@@ -28,8 +28,10 @@ class SimInference:
     """The base policy in-process, its replies delayed by a latency model in sim time.
 
     ``next_delay`` is what ``RemoteInference`` plans with: ``initial_delay_steps`` until a
-    reply has landed, then the ``quantile`` of the last 50 latencies (default initial: the
-    model's maximum). The delay a request really takes is drawn when it is sent.
+    reply has landed, then the ``quantile`` of the last 50 latencies, here never above
+    ``initial_delay_steps`` (default: the model's maximum; ``sim_episode`` passes the
+    scheduler's bound, beyond which a reply is a spike). The delay a request really takes is
+    drawn when it is sent.
     """
 
     def __init__(self, policy: BasePolicy, latency: LatencyModel, rng: np.random.Generator, dt: float,
@@ -49,7 +51,8 @@ class SimInference:
     def next_delay(self) -> int:
         if not self._recent:
             return self.initial_delay_steps
-        return to_delay_steps(float(np.quantile(np.asarray(self._recent), self.quantile)), self.dt)
+        planned = to_delay_steps(float(np.quantile(np.asarray(self._recent), self.quantile)), self.dt)
+        return min(planned, self.initial_delay_steps)
 
     def submit(self, request: ChunkRequest, history: list[Observation]) -> bool:
         latency_s = self.latency.sample(self.rng)

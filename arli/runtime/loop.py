@@ -88,9 +88,7 @@ class Episode:
                 scheduler.cancel()
                 result.abandoned += 1
             if inference.healthy() and scheduler.should_request(t):
-                # plan within the bound the scheduler was built for; a longer reply is a spike
-                delay = min(inference.next_delay(), scheduler.max_delay_steps)
-                request = scheduler.make_request(obs, t, delay)
+                request = scheduler.make_request(obs, t, inference.next_delay())
                 if inference.submit(request, list(self.history)):
                     result.requests += 1
                     self._land(t)  # d = 0 in sim time: available before this step runs

@@ -58,7 +58,7 @@ def policy_request(msg) -> PolicyRequest:
     obs = Observation(np.array(msg["state"], np.float32), int(msg["t0"]), float(msg["capture_ts"]),
                       _images(msg.get("images") or {}, "infer"), msg.get("instruction") or "")
     return PolicyRequest(obs, msg.get("committed_prefix"), int(msg["delay_steps"]), msg.get("guidance"),
-                         msg.get("execute_horizon"), tuple(history))
+                         msg.get("execute_horizon"), tuple(history) if "history" in msg.fields else None)
 
 
 class InferenceServer:
@@ -112,8 +112,7 @@ class InferenceServer:
         now = time.perf_counter()
         if now - self._window_start > WARNING_WINDOW_S:
             if self._held:
-                log.warning("%d more policy-error warnings in the last %.0f s not logged", self._held,
-                            WARNING_WINDOW_S)
+                log.warning("%d more policy-error warnings in the window before not logged", self._held)
             self._window_start, self._logged, self._held = now, 0, 0
         if self._logged < WARNINGS_PER_WINDOW:
             self._logged += 1
@@ -168,6 +167,9 @@ class InferenceServer:
             self.sock.send_multipart([identity, reply])
 
     def close(self) -> None:
+        if self.stats["warnings_suppressed"]:  # the last window's count is said, not lost
+            log.warning("%d policy-error warnings were not logged (%d errors answered in all)",
+                        self.stats["warnings_suppressed"], self.stats["errors"])
         self.sock.close(linger=0)
         stop_auth(self.ctx)
         self.ctx.term()
