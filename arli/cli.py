@@ -53,6 +53,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                            "the anchor-pretrained start's success vs pretraining lr and updates"),
     "bench ceiling": ("bench_ceiling", "arli.bench.ceiling:main",
                       "what the residual's state and bound allow: the projected expert, per delay and bound"),
+    "bench runs": ("bench_runs", "arli.bench.runs:main",
+                   "finetune runs on several training seeds pooled on their test episodes, with intervals"),
     "bench sim": ("bench_sim", "arli.bench.sim:main",
                   "control steps/s of our default task vs robosuite Lift"),
 }

@@ -463,6 +463,18 @@ class BenchCeilingConfig:
 
 
 @dataclass
+class BenchRunsConfig:
+    """``arli bench runs``: finetune runs of one setting on several training seeds, pooled."""
+
+    runs: list[str] = field(default_factory=list)  # `arli finetune` output directories
+    name: str = "runs"  # the report: reports/<name>.{json,md}
+    report_dir: str = "reports"
+
+    def validate(self) -> None:
+        require(all(isinstance(r, str) and r for r in self.runs), "runs", "a list of run directories", self.runs)
+
+
+@dataclass
 class BenchLearnerConfig:
     """``arli bench learner``: updates/s of the default learner vs a plain reference."""
 
@@ -581,7 +593,8 @@ SCHEMAS: dict[str, type] = {
     "finetune": FinetuneConfig, "eval": EvalConfig, "record": RecordConfig, "learner": LearnerServiceConfig,
     "serve": ServeConfig, "actor": ActorConfig, "launch": LaunchConfig, "keys": KeysConfig,
     "bench_base": BenchBaseConfig, "bench_latency_sweep": LatencySweepConfig,
-    "bench_anchor_start": BenchAnchorStartConfig, "bench_ceiling": BenchCeilingConfig, "bench_learner": BenchLearnerConfig,
+    "bench_anchor_start": BenchAnchorStartConfig, "bench_ceiling": BenchCeilingConfig,
+    "bench_runs": BenchRunsConfig, "bench_learner": BenchLearnerConfig,
     "bench_sim": BenchSimConfig, "bench_transport": BenchTransportConfig, "bench_runtime": BenchRuntimeConfig,
     "bench_pipeline": BenchPipelineConfig, "bench_interventions": BenchInterventionsConfig,
 }

@@ -1,0 +1,66 @@
+"""``arli bench runs 'runs=[<dir>, ...]' name=<report>``: finetune runs of one setting on several
+training seeds, pooled on their shared test episodes: the base alone, the anchored start and
+the finetuned residual with 95% two-level bootstrap intervals (training seeds x episodes) and
+the paired gains with verdicts -> ``reports/<name>.{json,md}``."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from arli.bench.common import machine_info, print_last_line_json, write_report
+from arli.config import BenchRunsConfig, ConfigError
+from arli.stats import gain_ci, success_ci, verdict
+
+POLICIES = ("base", "start", "final")
+
+
+def load(run_dir: str) -> tuple[dict, dict]:
+    """(eval_test.json, summary.json) of one run; a clear error when it has none."""
+    paths = [os.path.join(run_dir, n) for n in ("eval_test.json", "summary.json")]
+    for path in paths:
+        if not os.path.exists(path):
+            raise ConfigError(f"runs: {run_dir} has no {os.path.basename(path)}; pass `arli finetune` output "
+                              "directories of finished runs")
+    return tuple(json.load(open(p, encoding="utf-8")) for p in paths)
+
+
+def main(cfg: BenchRunsConfig) -> int:
+    evals, summaries = zip(*(load(d) for d in cfg.runs))
+    splits = {json.dumps(e["split"], sort_keys=True) for e in evals}
+    if len(splits) != 1 or evals[0]["split"]["split"] != "test":
+        raise ConfigError(f"runs: the runs must share one test split to be pooled, got {sorted(splits)}")
+    keys = ("env", "variant", "regime", "delay_steps")
+    settings = {json.dumps({k: s[k] for k in keys}) for s in summaries}
+    if len(settings) != 1:
+        raise ConfigError(f"runs: the runs differ in {keys}: {sorted(settings)}")
+    outcomes = {p: np.array([e["outcomes"][p] for e in evals], float) for p in POLICIES}
+    cells = {p: {"success": float(outcomes[p].mean()), "ci95": list(success_ci(outcomes[p])),
+                 "per_seed": [float(x) for x in outcomes[p].mean(1)]} for p in POLICIES}
+    gains = {}
+    for a, b in (("final", "start"), ("final", "base"), ("start", "base")):
+        ci = gain_ci(outcomes[a], outcomes[b])
+        gains[f"{a}-{b}"] = {"mean": cells[a]["success"] - cells[b]["success"], "ci95": list(ci),
+                             "verdict": verdict(ci)}
+    s0 = summaries[0]
+    payload = {**{k: s0[k] for k in keys}, "env_steps": [s["env_steps"] for s in summaries],
+               "eval": evals[0]["split"], "runs": list(cfg.runs), "seeds": len(cfg.runs), "cells": cells,
+               "gains": gains, "wall_s": [s["wall_s"] for s in summaries], "machine": machine_info()}
+    md = [f"# {cfg.name}: `{s0['variant']}` on `{s0['env']}`, d = {s0['delay_steps']}, {len(cfg.runs)} training seeds",
+          "", f"`arli bench runs 'runs=[{', '.join(cfg.runs)}]' name={cfg.name}` — each run's base alone, anchored "
+          f"start and finetuned residual on the same {evals[0]['split']['episodes']} test episodes (seeds "
+          f"{evals[0]['split']['seed_base']}..); 95% two-level bootstrap over training seeds and episodes.", "",
+          "| policy | success | 95% CI | per seed |", "|---|---:|---:|---|"]
+    for p, label in zip(POLICIES, ("base alone", "anchored start (0 online steps)", "after RL")):
+        c = cells[p]
+        md.append(f"| {label} | {c['success']:.3f} | {c['ci95'][0]:.3f}–{c['ci95'][1]:.3f} | "
+                  f"{' / '.join(f'{x:.3f}' for x in c['per_seed'])} |")
+    md += ["", "| gain | mean | 95% CI | verdict vs 0 |", "|---|---:|---:|---|"]
+    for k, g in gains.items():
+        md.append(f"| {k} | {g['mean']:+.3f} | {g['ci95'][0]:+.3f} – {g['ci95'][1]:+.3f} | {g['verdict']} |")
+    write_report(cfg.report_dir, cfg.name, payload, "\n".join(md) + "\n")
+    print("\n".join(md))
+    print_last_line_json({"cells": cells, "gains": gains})
+    return 0
