@@ -24,7 +24,11 @@ def load(run_dir: str) -> tuple[dict, dict]:
         if not os.path.exists(path):
             raise ConfigError(f"runs: {run_dir} has no {os.path.basename(path)}; pass `arli finetune` output "
                               "directories of finished runs")
-    return tuple(json.load(open(p, encoding="utf-8")) for p in paths)
+    out = []
+    for path in paths:
+        with open(path, encoding="utf-8") as fh:
+            out.append(json.load(fh))
+    return out[0], out[1]
 
 
 def main(cfg: BenchRunsConfig) -> int:
