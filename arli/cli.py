@@ -41,6 +41,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                             "success vs delay: base, residual state variants, zero-delay ideal"),
     "bench learner": ("bench_learner", "arli.bench.learner:main",
                       "residual learner updates/s vs a CleanRL-style reference, same run"),
+    "bench critic": ("bench_critic", "arli.bench.critic:main",
+                     "does a run's critic rank actions? Monte-Carlo Q of candidates from sim state copies"),
+    "bench serve": ("bench_serve", "arli.bench.serve:main",
+                    "inference server under 1/2/4 robots: chunks/s and latency, batched vs one at a time"),
     "bench transport": ("bench_transport", "arli.bench.transport:main",
                         "chunk round-trip overhead: our ZeroMQ path vs LeRobot's gRPC path"),
     "bench runtime": ("bench_runtime", "arli.bench.runtime:main",
@@ -57,6 +61,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                    "finetune runs on several training seeds pooled on their test episodes, with intervals"),
     "bench sim": ("bench_sim", "arli.bench.sim:main",
                   "control steps/s of our default task vs robosuite Lift"),
+    "bench record": ("bench_record", "arli.bench.record:main",
+                     "recording: save time per episode vs dataset size, open vs reopened dataset"),
 }
 
 

@@ -8,7 +8,7 @@ one idiom of ``arli.errors.require`` (the field, what is allowed, what it got):
 * ``run`` (``arli.rl.config.RunSpec``, with ``run.learner`` and ``run.intervention``): what
   a finetuning run is, the same keys in ``finetune``, ``record``, ``learner`` and the sweeps;
 * ``policy`` (``arli.policies.flow_config``), ``transport`` (``arli.transport.zmq_io``),
-  ``franka`` (``robot_drivers.franka.config``).
+  ``openpi`` (``arli.transport.openpi_mapping``), ``franka`` (``robot_drivers.franka.config``).
 
 Each command composes ``configs/<command>.yaml`` over its schema, applies ``key=value``
 overrides and calls ``validate``: a wrong key or value fails at start-up naming the field.
@@ -23,11 +23,13 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 
 from arli.chunking import EXECUTIONS, ChunkingConfig
+from arli.compute import check_device
 from arli.envs import EnvConfig
 from arli.errors import ConfigError, require
 from arli.latency import LatencyConfig
 from arli.policies.flow_config import FlowHyperparams
 from arli.rl.config import RunSpec
+from arli.transport.openpi_mapping import OpenPIConfig
 from arli.transport.zmq_io import TransportConfig
 from robot_drivers.franka.config import FrankaConfig
 
@@ -160,9 +162,13 @@ class FinetuneConfig:
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     output_dir: str = ""  # "" = outputs/finetune_<env>_<variant>_d<delay>_<time>
     resume: str = ""  # an output_dir/checkpoint to continue from
+    videos: int = 2  # test seeds rendered at the end (base alone vs base + residual, every camera); 0 = none
+    video_size: int = 64  # pixels per camera in those videos
 
     def validate(self) -> None:
         validate_sim_run(self)
+        require(self.videos >= 0, "videos", ">= 0", self.videos)
+        require(self.video_size >= 32, "video_size", ">= 32", self.video_size)
 
 
 def validate_sim_run(cfg) -> None:
@@ -195,7 +201,6 @@ class RecordConfig:
     append: bool = False  # append to an existing dataset at root
     residual: str = ""  # a finetune checkpoint dir (outputs/<run>/checkpoint); "" = base only
     device: str = "scripted"  # scripted (sim) | none | spacemouse | gamepad | keyboard
-    image_size: int = 0  # > 0: record the sim camera as video at this size
     save_failed: bool = True  # keep episodes that failed (interventions in them still teach)
     seed: int = 0
 
@@ -205,7 +210,6 @@ class RecordConfig:
         validate_sim_run(self)
         _positive(self, "episodes")
         require(self.device in ("scripted", *DEVICES), "device", f"one of {('scripted', *DEVICES)}", self.device)
-        require(self.image_size >= 0, "image_size", ">= 0 (0 = no camera)", self.image_size)
 
 
 @dataclass
@@ -216,13 +220,16 @@ class EvalConfig:
     seed_base: int | None = None  # first episode seed; null = the run's test seeds
     episodes: int | None = None  # null = the run's test episodes
     output: str = ""  # "" = <run>/eval_<seed_base>_<episodes>.json
+    videos: int = 0  # also render this many of the run's test seeds -> <run>/videos/
 
     def validate(self) -> None:
         require(self.seed_base is None or self.seed_base >= 0, "seed_base", "null or >= 0", self.seed_base)
         require(self.episodes is None or self.episodes >= 1, "episodes", "null or >= 1", self.episodes)
+        require(self.videos >= 0, "videos", ">= 0", self.videos)
 
 
 ROBOTS = ("sim", "franka")
+INFERENCES = ("arli", "openpi")  # where an actor's base chunks come from
 
 
 @dataclass
@@ -273,11 +280,17 @@ class ServeConfig:
     min_latency_s: float = 0.0  # pad replies (emulate a slower VLA); 0 = as fast as it runs
     max_seconds: float = 0.0  # 0 = serve until interrupted
     max_message_mb: float = 64.0  # larger requests are refused with a too_large error
+    device: str = "auto"  # where the policy runs: auto (CUDA when torch sees one) | cpu | cuda | cuda:<i>
+    max_batch: int = 8  # requests waiting together answered by one forward pass; 1 = one at a time
+    batch_wait_ms: float = 2.0  # batching: how long to wait for the other active robots' requests
 
     def validate(self) -> None:
         self.env.validate()
         self.transport.validate()
         require(self.min_latency_s >= 0, "min_latency_s", ">= 0", self.min_latency_s)
+        require(self.max_batch >= 1, "max_batch", ">= 1", self.max_batch)
+        require(0 <= self.batch_wait_ms <= 100, "batch_wait_ms", "in [0, 100]", self.batch_wait_ms)
+        check_device(self.device)
 
 
 @dataclass
@@ -291,6 +304,8 @@ class ActorConfig:
     chunking: ChunkingConfig = field(default_factory=lambda: ChunkingConfig(
         planned_delay_steps=ACTOR_PLANNED_DELAY_STEPS, min_delay_steps=0))
     transport: TransportConfig = field(default_factory=TransportConfig)
+    inference: str = "arli"  # arli: `arli serve` at transport.server | openpi: an openpi policy server at openpi.uri
+    openpi: OpenPIConfig = field(default_factory=OpenPIConfig)  # inference=openpi: its address and key mapping
     robot: str = "sim"  # sim: the env.name task on a real clock | franka: franky at franka.hostname
     franka: FrankaConfig = field(default_factory=FrankaConfig)
     cameras: dict[str, str] = field(default_factory=dict)  # name -> OpenCV source (index, URL or file)
@@ -315,6 +330,9 @@ class ActorConfig:
         require(self.chunking.planned_delay_steps is not None, "chunking.planned_delay_steps",
                 "the delay (steps) to plan for until replies are measured", None)
         self.transport.validate()
+        require(self.inference in INFERENCES, "inference", f"one of {INFERENCES}", self.inference)
+        if self.inference == "openpi":
+            self.openpi.validate()
         require(self.robot in ROBOTS, "robot", f"one of {ROBOTS}", self.robot)
         require(self.device in DEVICES, "device", f"one of {DEVICES}", self.device)
         require(self.camera_size >= 8, "camera_size", ">= 8", self.camera_size)
@@ -475,6 +493,58 @@ class BenchRunsConfig:
 
 
 @dataclass
+class BenchCriticConfig:
+    """``arli bench critic``: a run's critic against Monte-Carlo returns of candidate actions."""
+
+    runs: list[str] = field(default_factory=list)  # `arli finetune` output directories (with checkpoint/)
+    episodes: int = 10  # roll-in episodes per state source (the residual's, the expert's)
+    every: int = 10  # control steps between sampled states
+    states: int = 30  # sampled states per source and run
+    perturbations: int = 4  # random moves of r(s) per state
+    perturb_scale: float = 0.5  # their size per action entry, in residual units
+    seed_base: int | None = None  # roll-in episode seeds; null = the run's tune seeds
+    seed: int = 0  # the perturbations' draws
+    name: str = ""  # the report: reports/<name>.*; "" = critic_<task>
+    json: bool = False
+    report_dir: str = "reports"
+
+    def validate(self) -> None:
+        require(all(isinstance(r, str) and r for r in self.runs), "runs",
+                "a list of `arli finetune` run directories", self.runs)
+        for name in ("episodes", "every", "states"):
+            require(getattr(self, name) >= 1, name, ">= 1", getattr(self, name))
+        require(self.perturbations >= 0, "perturbations", ">= 0", self.perturbations)
+        require(self.perturb_scale > 0, "perturb_scale", "> 0", self.perturb_scale)
+
+
+@dataclass
+class BenchServeConfig:
+    """``arli bench serve``: the inference server under several robots, batched vs sequential."""
+
+    robots: list[int] = field(default_factory=lambda: [1, 2, 4])  # concurrent closed-loop clients
+    policies: list[str] = field(default_factory=lambda: ["flow", "act"])  # built-in flow | LeRobot ACT
+    requests: int = 40  # per robot and row, after warm-up
+    warmup: int = 5
+    max_batch: int = 8  # of the batched rows (the sequential rows use 1)
+    device: str = "auto"  # the servers' device (every row says where it ran)
+    threads: int = 1  # torch threads of the server process (this machine has 2 cores)
+    image_size: int = 96  # two cameras of this size in every request
+    json: bool = False
+    report_dir: str = "reports"
+
+    def validate(self) -> None:
+        require(bool(self.robots) and all(isinstance(r, int) and r >= 1 for r in self.robots), "robots",
+                "a list of robot counts >= 1", self.robots)
+        require(bool(self.policies) and set(self.policies) <= {"flow", "act"}, "policies",
+                "a list from flow, act", self.policies)
+        require(self.requests >= 5, "requests", ">= 5", self.requests)
+        require(self.max_batch >= 2, "max_batch", ">= 2 (the batched rows)", self.max_batch)
+        require(self.threads >= 1, "threads", ">= 1", self.threads)
+        require(self.image_size >= 16, "image_size", ">= 16", self.image_size)
+        check_device(self.device)
+
+
+@dataclass
 class BenchLearnerConfig:
     """``arli bench learner``: updates/s of the default learner vs a plain reference."""
 
@@ -510,10 +580,32 @@ class BenchSimConfig:
 
 
 @dataclass
+class BenchRecordConfig:
+    """``arli bench record``: save time per episode vs dataset size, open vs reopened dataset."""
+
+    episodes: int = 60  # synthetic episodes recorded with the recorder as it is
+    reopen_episodes: int = 60  # the same through a reopen after each episode (the former path); 0 = skip
+    frames: int = 50  # control steps per episode
+    cameras: list[str] = field(default_factory=lambda: ["front", "wrist"])
+    image_size: int = 64
+    json: bool = False
+    report_dir: str = "reports"
+
+    def validate(self) -> None:
+        _positive(self, "episodes", "frames")
+        require(self.reopen_episodes >= 0, "reopen_episodes", ">= 0 (0 = skip the former path)", self.reopen_episodes)
+        require(len(self.cameras) >= 1 and len(set(self.cameras)) == len(self.cameras), "cameras",
+                "a list of distinct camera names", list(self.cameras))
+        require(self.image_size >= 32 and self.image_size % 2 == 0, "image_size",
+                "an even size >= 32 (LeRobot's AV1 encoder)", self.image_size)
+
+
+@dataclass
 class BenchTransportConfig:
     """``arli bench transport``: our ZeroMQ path vs LeRobot's gRPC path, same stub."""
 
-    requests: int = 500
+    requests: int = 1000  # per row
+    rounds: int = 10  # the rows take turns in this many blocks
     warmup: int = 50
     compute_ms: float = 5.0
     stub_compute: str = "wait"  # wait (a GPU-bound model's host thread) | spin (a busy CPU core)
@@ -522,6 +614,7 @@ class BenchTransportConfig:
 
     def validate(self) -> None:
         require(self.requests >= 10, "requests", ">= 10", self.requests)
+        require(1 <= self.rounds <= self.requests, "rounds", "between 1 and requests", self.rounds)
         require(self.warmup >= 0, "warmup", ">= 0", self.warmup)
         require(self.compute_ms >= 0, "compute_ms", ">= 0", self.compute_ms)
         require(self.stub_compute in ("wait", "spin"), "stub_compute", "wait or spin", self.stub_compute)
@@ -594,8 +687,9 @@ SCHEMAS: dict[str, type] = {
     "serve": ServeConfig, "actor": ActorConfig, "launch": LaunchConfig, "keys": KeysConfig,
     "bench_base": BenchBaseConfig, "bench_latency_sweep": LatencySweepConfig,
     "bench_anchor_start": BenchAnchorStartConfig, "bench_ceiling": BenchCeilingConfig,
-    "bench_runs": BenchRunsConfig, "bench_learner": BenchLearnerConfig,
-    "bench_sim": BenchSimConfig, "bench_transport": BenchTransportConfig, "bench_runtime": BenchRuntimeConfig,
+    "bench_runs": BenchRunsConfig, "bench_learner": BenchLearnerConfig, "bench_serve": BenchServeConfig,
+    "bench_critic": BenchCriticConfig,
+    "bench_sim": BenchSimConfig, "bench_record": BenchRecordConfig, "bench_transport": BenchTransportConfig, "bench_runtime": BenchRuntimeConfig,
     "bench_pipeline": BenchPipelineConfig, "bench_interventions": BenchInterventionsConfig,
 }
 

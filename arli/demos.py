@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -14,7 +15,7 @@ from sim_envs import make_env, task_name
 from sim_envs.base import ACTION_NAMES, PROPRIO_DIM
 from sim_envs.experts import EXPERTS
 
-IMAGE_KEY = "observation.images.front"
+IMAGE_PREFIX = "observation.images."  # + camera name: one video feature per camera
 ENV_KEY = "observation.environment_state"
 
 
@@ -22,20 +23,24 @@ DEMO_COMMIT_EVERY = 25  # scripted episodes are regenerable: commit in batches (
 
 
 def collect_demos(env_name: str, episodes: int, root: str, seed: int = 0, dt: float = 0.05,
-                  image_size: int = 0, only_success: bool = True) -> dict:
+                  image_size: int = 0, only_success: bool = True, cameras: Sequence[str] = ("front",)) -> dict:
     """Run the scripted expert and record ``episodes`` episodes at ``root`` (committed every
-    ``DEMO_COMMIT_EVERY`` episodes; a crash keeps the committed ones)."""
+    ``DEMO_COMMIT_EVERY`` episodes; a crash keeps the committed ones). With ``image_size``
+    > 0 every camera of ``cameras`` is rendered and stored as ``observation.images.<name>``
+    (an AV1 video per episode, as LeRobot records)."""
     name = task_name(env_name)
     if name not in EXPERTS:
         raise InputError(f"no scripted expert for {name!r}; demos exist for {sorted(EXPERTS)}")
-    env = make_env(name, dt=dt, image_size=image_size)
+    cameras = list(cameras) if image_size else []
+    env = make_env(name, dt=dt, image_size=image_size, cameras=cameras)
     expert = EXPERTS[name]
     fps = int(round(1.0 / dt))
-    features = dataset_features(env.state_names, ACTION_NAMES, image_size, proprio_dim=PROPRIO_DIM)
+    features = dataset_features(env.state_names, ACTION_NAMES, image_size, image_keys=cameras,
+                                proprio_dim=PROPRIO_DIM, use_videos=True)
     kept, tried, frames = 0, 0, 0
     sim_s = write_s = 0.0  # where the time goes: physics + expert (+ render), dataset writes
     start = time.perf_counter()
-    with EpisodeRecorder(root, fps, features, commit_every=DEMO_COMMIT_EVERY) as rec, \
+    with EpisodeRecorder(root, fps, features, commit_every=DEMO_COMMIT_EVERY, use_videos=bool(cameras)) as rec, \
             tqdm(total=episodes, desc=f"demos {name}", unit="ep") as bar:
         setup_s = time.perf_counter() - start  # LeRobot import + dataset creation
         while kept < episodes:
@@ -51,9 +56,8 @@ def collect_demos(env_name: str, episodes: int, root: str, seed: int = 0, dt: fl
                 t2 = time.perf_counter()
                 sim_s += t2 - t1
                 done = term or trunc
-                images = {IMAGE_KEY.rsplit(".", 1)[1]: obs["image"]} if image_size else None
                 rec.add_frame(obs["state"], action, reward, done, info["is_success"],
-                              env.instruction, images)
+                              env.instruction, obs.get("images"))
                 write_s += time.perf_counter() - t2
                 obs = nxt
                 frames += 1
@@ -90,7 +94,8 @@ def load_chunk_dataset(root: str, chunk_size: int, repo_id: str = "arli/local") 
 
     Returns state (N, n), chunks (N, H, m) of future actions padded past the episode end
     with the hold action (no motion, last gripper command), episode_index (N,), task str,
-    fps, state_names, images (N, S, S, 3) uint8 or None.
+    fps, state_names, cameras (names of the ``observation.images.*`` features), images
+    (N, C, S, S, 3) uint8 in ``cameras`` order (videos decoded by LeRobot's decoder) or None.
     """
     from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: PLC0415
 
@@ -126,9 +131,29 @@ def load_chunk_dataset(root: str, chunk_size: int, repo_id: str = "arli/local") 
             chunks[i, : len(take)] = take
             if len(take) < chunk_size:
                 chunks[i, len(take):, -1] = take[-1, -1]  # hold: keep the gripper command
+    cameras = [k[len(IMAGE_PREFIX):] for k in ds.features if k.startswith(IMAGE_PREFIX)]
     images = None
-    if IMAGE_KEY in ds.features:  # (N, S, S, 3) uint8, for the policy's CNN
-        images = np.stack([np.asarray(img, dtype=np.uint8) for img in table[IMAGE_KEY]])
+    if cameras:  # (N, C, S, S, 3) uint8, for the policy's CNN
+        images = np.stack([_camera_frames(ds, table, IMAGE_PREFIX + c, episode, starts, ends) for c in cameras],
+                          axis=1)
     task = ds.meta.tasks.index[0] if len(ds.meta.tasks) else ""
     return {"state": state, "chunks": chunks, "episode_index": episode, "task": str(task),
-            "fps": ds.fps, "state_names": names, "images": images}
+            "fps": ds.fps, "state_names": names, "cameras": cameras, "images": images}
+
+
+def _camera_frames(ds, table, key: str, episode: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Every frame of camera ``key``, (N, S, S, 3) uint8: stored images as they are, videos
+    decoded episode by episode at the frames' timestamps (LeRobot's own decoder, pyav)."""
+    if ds.features[key]["dtype"] != "video":
+        return np.stack([np.asarray(img, dtype=np.uint8) for img in table[key]])
+    from lerobot.datasets.video_utils import decode_video_frames  # noqa: PLC0415
+
+    stamps = np.asarray(table["timestamp"], np.float64)
+    out = []
+    for s, e in zip(starts, ends):
+        ep = int(episode[s])
+        offset = float(ds.meta.episodes[ep][f"videos/{key}/from_timestamp"])
+        path = ds.root / ds.meta.get_video_file_path(ep, key)
+        frames = decode_video_frames(path, (offset + stamps[s:e]).tolist(), ds.tolerance_s, "pyav")  # (T, 3, S, S)
+        out.append((frames.permute(0, 2, 3, 1).numpy() * 255.0).round().astype(np.uint8))
+    return np.concatenate(out)

@@ -69,7 +69,10 @@ class Finetuner:
         self.builder = StateBuilder(spec.variant, n, m, H, episode_steps, obs_mean=obs_mean, obs_std=obs_std)
         # the takeover penalty makes negative returns reachable: the TD targets' floor follows it
         learner_cfg = replace(spec.learner, q_min=q_floor(spec.learner, spec.intervention, spec.regime == "hil"))
-        self.learner = ResidualLearner(learner_cfg, self.builder.dim, m, seed=spec.seed)
+        from arli.compute import resolve_device  # noqa: PLC0415
+
+        self.learner = ResidualLearner(learner_cfg, self.builder.dim, m, seed=spec.seed,
+                                       device=resolve_device(spec.device, "run.device"))
         cap = spec.learner.buffer_size
         self.online = ReplayBuffer(cap, self.builder.dim, m)
         self.anchor = ReplayBuffer(cap, self.builder.dim, m)
@@ -225,11 +228,15 @@ class Finetuner:
         critic's mean Q(s_t, a_t) over the evaluated steps against the discounted Monte-Carlo
         return from each step (``q_mean``, ``return_mean``)."""
         seed = self.spec.tune_seed if seed is None else seed
-        controller = ResidualController(self.learner, self.builder, trace=diagnostics) if residual else None
+        controller = self.evaluation_controller(trace=diagnostics) if residual else None
         out = evaluate_policy(self.env, self.base, self.chunking, self.latency, episodes, seed, controller)
         if diagnostics and controller is not None:
             out.update(q_vs_return(self.learner, controller.trace, self.spec.learner.gamma))
         return out
+
+    def evaluation_controller(self, trace: bool = False) -> ResidualController:
+        """The deterministic residual as evaluations and videos run it."""
+        return ResidualController(self.learner, self.builder, trace=trace)
 
     def train_range(self) -> range:
         """Episode seeds this run trained on (demonstrations and online episodes so far)."""
@@ -265,7 +272,7 @@ class Finetuner:
             "takeovers": ctl.takeovers, "format": CHECKPOINT_FORMAT,
             "max_delay": self.max_delay,  # the residual's state and chunks are those of this delay
         }, state_path + ".tmp")
-        save_file({k: v.contiguous() for k, v in self.learner.actor.state_dict().items()},
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.learner.actor.state_dict().items()},
                   os.path.join(path, "residual_actor.safetensors.tmp"))
         # atomic: a crash mid-save leaves the previous checkpoint whole
         os.replace(state_path + ".tmp", state_path)
@@ -276,7 +283,7 @@ class Finetuner:
         state_path = os.path.join(path, "trainer_state.pt")
         if not os.path.exists(state_path):
             raise FileNotFoundError(f"no finetuning checkpoint at {path} (missing trainer_state.pt)")
-        state = torch.load(state_path, weights_only=False)
+        state = torch.load(state_path, weights_only=False, map_location="cpu")  # resumable on any device
         if state.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"{state_path} was written by an older ARLI (checkpoint format "
                              f"{state.get('format', 1)}, this one reads {CHECKPOINT_FORMAT}: different state "

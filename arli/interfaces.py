@@ -17,7 +17,8 @@ from arli.types import ChunkReply, ChunkRequest, Decision, Observation, StepInfo
 
 @runtime_checkable
 class InferenceEndpoint(Protocol):
-    """Where chunk requests go: in-process (``SimInference``) or over ZeroMQ (``RemoteInference``).
+    """Where chunk requests go: in-process (``SimInference``), over ZeroMQ (``RemoteInference``)
+    or to an openpi policy server (``OpenPIInference``).
 
     n_obs_steps: observations per request the policy needs (the runtime keeps the
     ``n_obs_steps - 1`` control steps before each request as its history).

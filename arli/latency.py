@@ -1,7 +1,8 @@
 """Inference-latency models in sim time: each request draws a latency (s) -> delay_steps.
 
 ``delay_steps = ceil(latency / dt)`` (a chunk that arrives mid-step is usable from the next
-step). All models are seeded through the generator passed to ``sample``.
+step). All models are seeded through the generator passed to ``sample``. ``MeasuredLatency``
+is the other side: the latencies an endpoint measured and the delay it plans from them.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -24,6 +26,64 @@ def to_delay_steps(latency_s: float, dt: float) -> int:
     if latency_s < 0 or not math.isfinite(latency_s):
         raise ValueError(f"latency must be finite and >= 0, got {latency_s}")
     return int(math.ceil(latency_s / dt - _EPS))
+
+
+class MeasuredLatency:
+    """The latencies an inference endpoint measured, and the delay it plans the next request for.
+
+    ``next_delay``: ``initial_delay_steps`` until a latency has been added, then the
+    ``quantile`` of the last ``window`` latencies in steps, at most ``cap_steps`` when given.
+    A robot cannot know the latency of the request it is about to send, so it plans from
+    the ones it has seen. ``latencies`` (s) and ``records`` (one dict per reply) keep
+    everything; ``save_trace`` writes what ``latency.kind=trace`` replays.
+    """
+
+    def __init__(self, dt: float, initial_delay_steps: int, quantile: float = 0.9, window: int = 50,
+                 cap_steps: int | None = None):
+        self.dt, self.initial_delay_steps, self.quantile, self.cap_steps = dt, initial_delay_steps, quantile, cap_steps
+        self.latencies: list[float] = []
+        self.records: list[dict] = []
+        self._recent: deque[float] = deque(maxlen=window)
+
+    def add(self, latency_s: float, record: dict | None = None) -> None:
+        self._recent.append(latency_s)
+        self.latencies.append(latency_s)
+        if record is not None:
+            self.records.append(record)
+
+    def next_delay(self) -> int:
+        if not self._recent:
+            return self.initial_delay_steps
+        planned = to_delay_steps(float(np.quantile(np.asarray(self._recent), self.quantile)), self.dt)
+        return planned if self.cap_steps is None else min(planned, self.cap_steps)
+
+    def save_trace(self, path: str) -> None:
+        """Measured latencies (s) as a JSON list: replay them with latency.kind=trace."""
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump([round(x, 6) for x in self.latencies], fh)
+
+
+class PlansFromMeasured:
+    """The planning half of an inference endpoint over a real link: ``next_delay``, the
+    measured ``latencies`` and ``records``, and ``save_trace``, all from ``self.measured``."""
+
+    measured: MeasuredLatency
+
+    def next_delay(self) -> int:
+        return self.measured.next_delay()
+
+    @property
+    def latencies(self) -> list[float]:
+        """Seconds, every landed reply (capture of o_t0 -> reply received)."""
+        return self.measured.latencies
+
+    @property
+    def records(self) -> list[dict]:
+        return self.measured.records
+
+    def save_trace(self, path: str) -> None:
+        """Measured latencies (s) as a JSON list: replay them with latency.kind=trace."""
+        self.measured.save_trace(path)
 
 
 class LatencyModel(Protocol):

@@ -22,10 +22,11 @@ from arli.policies.flow_config import FlowHyperparams, FlowPolicyConfig
 def build_policy(data: dict, hyper: FlowHyperparams) -> FlowPolicy:
     """Flow policy sized for ``data`` with normalisation statistics from it."""
     state, chunks = data["state"], data["chunks"]
-    images = data.get("images")
+    images = data.get("images")  # (N, C, S, S, 3) or None
     cfg = FlowPolicyConfig(state_dim=state.shape[1], action_dim=chunks.shape[2],
                            state_names=data["state_names"], instruction=data["task"],
-                           image_size=0 if images is None else int(images.shape[1]), **asdict(hyper))
+                           image_size=0 if images is None else int(images.shape[2]),
+                           cameras=list(data.get("cameras") or []) if images is not None else [], **asdict(hyper))
     model = FlowChunkModel(cfg)
     flat = chunks.reshape(-1, chunks.shape[2])
     with torch.no_grad():
@@ -55,7 +56,7 @@ def train_flow(policy: FlowPolicy, data: dict, steps: int, batch_size: int, lr: 
     bar = tqdm(range(1, steps + 1), desc="pretrain", unit="step", mininterval=1.0)
     for step in bar:
         idx = torch.randint(0, state.shape[0], (batch_size,), generator=gen)
-        image = None if images is None else images[idx].permute(0, 3, 1, 2).float() / 255.0
+        image = None if images is None else images[idx].permute(0, 1, 4, 2, 3).float() / 255.0  # (B, C, 3, S, S)
         loss = model.loss(state[idx], chunks[idx], image, generator=gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -79,14 +80,14 @@ def train_flow(policy: FlowPolicy, data: dict, steps: int, batch_size: int, lr: 
 
 
 def make_evaluator(env_name: str, episodes: int, seed: int, dt: float = 0.05,
-                   image_size: int = 0) -> Callable[[FlowPolicy], float]:
+                   image_size: int = 0, cameras: list[str] | None = None) -> Callable[[FlowPolicy], float]:
     """Success of synchronous, zero-delay execution (the policy itself, no latency)."""
     from arli.chunking import ChunkingConfig  # noqa: PLC0415
     from arli.latency import FixedLatency  # noqa: PLC0415
     from arli.rollout import evaluate_policy  # noqa: PLC0415
     from sim_envs import make_env  # noqa: PLC0415
 
-    env = make_env(env_name, dt=dt, image_size=image_size)
+    env = make_env(env_name, dt=dt, image_size=image_size, cameras=cameras or ["front"])
 
     def evaluate(policy: FlowPolicy) -> float:
         sync = ChunkingConfig(strategy="sync", execute_horizon=policy.cfg.execute_horizon)
@@ -103,7 +104,7 @@ def ensure_demos(cfg: PretrainConfig) -> None:
     if not os.path.exists(info):
         print(f"no demos at {cfg.dataset_root}: collecting {cfg.demos} with the scripted expert")
         collect_demos(cfg.env.name, cfg.demos, cfg.dataset_root, cfg.seed, cfg.env.dt,
-                      cfg.env.image_size)
+                      cfg.env.image_size, cameras=cfg.env.cameras)
         return
     with open(info, encoding="utf-8") as fh:
         have = int(json.load(fh).get("total_episodes", 0))
@@ -140,7 +141,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
     torch.manual_seed(cfg.seed)
     policy = build_policy(data, cfg.policy)
     evaluate = make_evaluator(cfg.env.name, cfg.eval_episodes, seed=50_000, dt=cfg.env.dt,
-                              image_size=policy.cfg.image_size)
+                              image_size=policy.cfg.image_size, cameras=policy.cfg.cameras)
     history = train_flow(policy, data, cfg.steps, cfg.batch_size, cfg.lr, cfg.weight_decay,
                          cfg.seed, evaluate, cfg.eval_every)
     policy.save(cfg.output_dir)

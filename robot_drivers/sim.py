@@ -31,7 +31,7 @@ class SimDriver(RobotDriver):
 
     def _stamp(self, obs: dict) -> Observation:
         ts = self._now() if self._now is not None else self._step * self.dt
-        images = {"front": obs["image"]} if "image" in obs else {}  # camera name as in the demos
+        images = dict(obs.get("images", {}))  # camera name -> (S, S, 3) uint8, as in the demos
         return Observation(np.asarray(obs["state"], np.float32), self._step, ts, images)
 
     def reset(self, seed: int | None = None) -> Observation:

@@ -3,7 +3,8 @@
 Action (5,) float32 in [-1, 1]: end-effector delta ``[dx, dy, dz, dyaw, grip]``
 (grip -1 = open, +1 = closed), executed at ``dt`` with ``round(dt / 0.005)`` physics
 sub-steps inside MuJoCo's C loop. Observation: ``{"state": (n,) float32}`` plus
-``{"image": (S, S, 3) uint8}`` when ``image_size > 0``. The first ``PROPRIO_DIM`` state
+``{"images": {camera: (S, S, 3) uint8}}`` for each of ``cameras`` when ``image_size > 0``
+(nothing is rendered otherwise). The first ``PROPRIO_DIM`` state
 entries are proprioception (``PROPRIO_NAMES``); the task appends its object state.
 """
 
@@ -11,13 +12,13 @@ from __future__ import annotations
 
 import abc
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import gymnasium as gym
 import mujoco
 import numpy as np
 
-from sim_envs.franka import HOME_QPOS, CartesianLimits, PandaController, build_panda_spec
+from sim_envs.franka import CAMERAS, HOME_QPOS, CartesianLimits, PandaController, build_panda_spec
 
 ACTION_DIM = 5
 ACTION_NAMES = ("dx", "dy", "dz", "dyaw", "grip")
@@ -55,6 +56,7 @@ class FrankaTaskEnv(gym.Env, abc.ABC):
         image_size: int = 0,
         max_episode_steps: int | None = None,
         render_mode: str | None = None,
+        cameras: Sequence[str] = ("front",),
     ) -> None:
         substeps = dt / self.physics_timestep
         if dt <= 0 or abs(substeps - round(substeps)) > 1e-6:
@@ -63,11 +65,16 @@ class FrankaTaskEnv(gym.Env, abc.ABC):
             )
         if image_size < 0:
             raise ValueError(f"image_size must be >= 0 (0 = no images), got {image_size}")
+        unknown = [c for c in cameras if c not in CAMERAS]
+        if unknown or len(set(cameras)) != len(cameras) or (image_size and not cameras):
+            raise ValueError(f"cameras must be distinct names from {CAMERAS} (at least one when "
+                             f"image_size > 0), got {list(cameras)}")
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
         self.dt = float(dt)
         self.substeps = int(round(substeps))
         self.image_size = int(image_size)
+        self.cameras = tuple(cameras) if self.image_size else ()
         self.render_mode = render_mode
         self.max_episode_steps = int(max_episode_steps or self.default_max_episode_steps)
 
@@ -85,8 +92,9 @@ class FrankaTaskEnv(gym.Env, abc.ABC):
         spaces: dict[str, gym.Space] = {
             "state": gym.spaces.Box(-np.inf, np.inf, (n_state,), np.float32)
         }
-        if self.image_size:
-            spaces["image"] = gym.spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
+        if self.cameras:
+            image = gym.spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
+            spaces["images"] = gym.spaces.Dict({name: image for name in self.cameras})
         self.observation_space = gym.spaces.Dict(spaces)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
         self.elapsed_steps = 0
@@ -136,6 +144,8 @@ class FrankaTaskEnv(gym.Env, abc.ABC):
         mujoco.mj_kinematics(self.model, self.data)
         mujoco.mj_comPos(self.model, self.data)
         mujoco.mj_comVel(self.model, self.data)
+        if self.cameras:  # camera poses too (the wrist camera rides on the hand)
+            mujoco.mj_camlight(self.model, self.data)
         self.elapsed_steps += 1
         self._after_physics()
         success = self._is_success()
@@ -169,21 +179,24 @@ class FrankaTaskEnv(gym.Env, abc.ABC):
     def _observation(self) -> dict[str, np.ndarray]:
         state = np.concatenate([self._proprio(), self._task_state()]).astype(np.float32)
         obs = {"state": state}
-        if self.image_size:
-            obs["image"] = self._render_image(self.image_size)
+        if self.cameras:
+            obs["images"] = {name: self._render_image(self.image_size, name) for name in self.cameras}
         return obs
 
-    def _render_image(self, size: int) -> np.ndarray:
-        """(size, size, 3) uint8 from the front camera. Shadows, reflections and
-        multisampling are off: on a software GL (Mesa llvmpipe, no GPU) the 4096² shadow
-        maps alone cost ~250 ms a frame at 96², this renders in ~30 ms; ``render_s`` sums it."""
+    def _render_image(self, size: int, camera: str = "front") -> np.ndarray:
+        """(size, size, 3) uint8 from ``camera`` (one renderer serves every camera).
+        Shadows, reflections and multisampling are off: on a software GL (Mesa llvmpipe, no
+        GPU) the 4096² shadow maps alone cost ~250 ms a frame at 96², this renders in ~30 ms;
+        ``render_s`` sums it."""
         start = time.perf_counter()
         if self._renderer is None or self._renderer.width != size:
             if self._renderer is not None:
                 self._renderer.close()
             self.model.vis.quality.offsamples = 0
             self._renderer = mujoco.Renderer(self.model, size, size)
-        self._renderer.update_scene(self.data, camera="front")
+            self._scene_option = mujoco.MjvOption()
+            self._scene_option.sitegroup[:] = 0  # sites mark frames for debugging; no camera sees them
+        self._renderer.update_scene(self.data, camera=camera, scene_option=self._scene_option)
         flags = self._renderer.scene.flags
         flags[mujoco.mjtRndFlag.mjRND_SHADOW] = flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = False
         image = self._renderer.render().copy()

@@ -25,6 +25,9 @@ ARM_KP = np.array([1200.0, 1200.0, 1000.0, 1000.0, 500.0, 400.0, 300.0])
 ARM_KV = 2.0 * np.sqrt(ARM_KP) * np.array([1.5, 1.5, 1.2, 1.2, 0.6, 0.5, 0.3])
 FINGER_OPEN = 0.04  # m, per finger
 GRIP_SITE = "grip_site"
+# Cameras a task can render, by name: a fixed scene camera facing the robot, and one on the
+# hand (moves with it) looking along the fingers at what they are about to touch.
+CAMERAS = ("front", "wrist")
 
 
 def robosuite_assets_dir() -> str:
@@ -41,7 +44,8 @@ def build_panda_spec() -> mujoco.MjSpec:
     """World spec with a Panda (arm + hand) on the origin, table plane at z=0.
 
     Returns a spec the task adds its objects to. Names: joints ``joint1..7``,
-    fingers ``finger_joint1/2``, site ``grip_site`` between the finger pads.
+    fingers ``finger_joint1/2``, site ``grip_site`` between the finger pads, cameras
+    ``CAMERAS`` (``front`` fixed in the world, ``wrist`` on the hand).
     """
     assets = robosuite_assets_dir()
     spec = mujoco.MjSpec.from_file(os.path.join(assets, "robots", "panda", "robot.xml"))
@@ -53,6 +57,14 @@ def build_panda_spec() -> mujoco.MjSpec:
     for act in list(hand.actuators):
         hand.delete(act)
     spec.body("right_hand").add_frame().attach_body(hand.body("right_gripper"), "", "")
+    wrist = spec.body("right_gripper").add_camera()
+    wrist.name = "wrist"
+    # beside the hand, 6 cm off its axis, looking along the fingers and tilted 20 deg towards
+    # them: the fingertips sit in the lower image half, the table beyond them fills the rest
+    tilt = np.radians(25.0)
+    wrist.pos = [0.0, -0.07, 0.04]
+    wrist.quat = _quat_from_xyaxes([1.0, 0.0, 0.0], [0.0, -np.cos(tilt), np.sin(tilt)])
+    wrist.fovy = 70.0
 
     spec.option.timestep = 0.005
     spec.option.integrator = mujoco.mjtIntegrator.mjINT_IMPLICITFAST

@@ -33,7 +33,7 @@ class RobosuiteLiftEnv(gym.Env):
     default_max_episode_steps = 100
 
     def __init__(self, dt: float = 0.05, image_size: int = 0, max_episode_steps: int | None = None,
-                 render_mode: str | None = None) -> None:
+                 render_mode: str | None = None, cameras=("front",)) -> None:
         import robosuite  # noqa: PLC0415 - slow import, only when this env is used
         from robosuite.controllers import load_composite_controller_config  # noqa: PLC0415
 

@@ -1,34 +1,3 @@
-"""Building small LeRobot policies for tests (nothing downloaded)."""
+"""Building small LeRobot policies for tests (nothing downloaded): the package's own builder."""
 
-import torch
-
-
-def save_lerobot_policy(kind: str, path, N: int, M: int, cameras: dict | None = None, **kw) -> None:
-    """A LeRobot policy with random weights and unit-normalising processors, saved with
-    LeRobot's own save_pretrained (state and environment state of N dims, M-d actions, and
-    ``cameras``: name -> (3, h, w) as ``observation.images.<name>``)."""
-    from lerobot.configs.types import FeatureType, PolicyFeature
-    from lerobot.policies.factory import get_policy_class, make_policy_config, make_pre_post_processors
-
-    inputs = {"observation.state": PolicyFeature(FeatureType.STATE, (N,)),
-              "observation.environment_state": PolicyFeature(FeatureType.ENV, (N,))}
-    image_stats = {}
-    for name, shape in (cameras or {}).items():
-        inputs[f"observation.images.{name}"] = PolicyFeature(FeatureType.VISUAL, tuple(shape))
-        image_stats[f"observation.images.{name}"] = {
-            "mean": torch.full((3, 1, 1), 0.5), "std": torch.full((3, 1, 1), 0.25),
-            "min": torch.zeros(3, 1, 1), "max": torch.ones(3, 1, 1)}
-    cfg = make_policy_config(kind, device="cpu", input_features=inputs,
-                             output_features={"action": PolicyFeature(FeatureType.ACTION, (M,))}, **kw)
-    torch.manual_seed(0)
-    policy = get_policy_class(kind)(cfg)
-
-    def stat(n):
-        return {"mean": torch.zeros(n), "std": torch.ones(n), "min": -torch.ones(n), "max": torch.ones(n)}
-
-    pre, post = make_pre_post_processors(cfg, dataset_stats={
-        "observation.state": stat(N), "observation.environment_state": stat(N), "action": stat(M),
-        **image_stats})
-    policy.save_pretrained(path)
-    pre.save_pretrained(path)
-    post.save_pretrained(path)
+from arli.policies.lerobot_build import save_random_lerobot_policy as save_lerobot_policy  # noqa: F401

@@ -43,7 +43,7 @@ def test_leaf_types_import_nothing_of_the_stack():
 
 
 @pytest.mark.parametrize("module", ["arli.transport.codec", "arli.transport.inference_client",
-                                    "arli.transport.zmq_io"])
+                                    "arli.transport.zmq_io", "arli.transport.openpi_endpoint"])
 def test_transport_does_not_import_the_runtime(module):
     assert not under(imported(module), "arli.runtime", "arli.rl", *APPLICATION)
 
@@ -63,14 +63,16 @@ def test_the_runtime_does_not_import_the_application(module):
 
 @pytest.mark.parametrize("module", ["arli.bench.latency_sweep", "arli.bench.anchor_start", "arli.bench.base",
                                     "arli.bench.runtime", "arli.bench.transport", "arli.bench.learner",
-                                    "arli.bench.interventions", "arli.bench.pipeline", "arli.bench.sim"])
+                                    "arli.bench.interventions", "arli.bench.pipeline", "arli.bench.sim",
+                                    "arli.bench.critic", "arli.bench.serve", "arli.bench.record"])
 def test_benchmarks_do_not_import_the_commands(module):
     assert not under(imported(module), "arli.commands", "arli.cli")
 
 
 def test_the_robot_side_actor_does_not_import_torch():
     """The robot PC runs the residual in numpy: ``arli actor``'s modules never load torch."""
-    mods = imported("arli.runtime.actor, arli.transport.inference_client, arli.runtime.link, "
+    mods = imported("arli.runtime.actor, arli.transport.inference_client, arli.transport.openpi_endpoint, "
+                    "arli.runtime.link, "
                     "robot_drivers.sim, robot_drivers.franka.driver, robot_drivers.teleop")
     assert not under(mods, "torch", "lerobot")
 

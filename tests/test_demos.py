@@ -115,3 +115,35 @@ def test_demos_in_the_old_layout_are_refused_with_how_to_fix(tmp_path):
         load_chunk_dataset(str(tmp_path / "junk"), chunk_size=8)
     with pytest.raises(InputError, match="not a LeRobotDataset"):
         load_chunk_dataset(str(tmp_path / "nothing"), chunk_size=8)
+
+
+@pytest.mark.slow
+def test_demos_record_every_camera_as_a_video_lerobot_reads_back(tmp_path):
+    """Two sim cameras -> two ``observation.images.<name>`` AV1 video features, decoded by
+    LeRobot's loader at the right shape, different between the cameras, and back as
+    (N, C, S, S, 3) training images in camera order."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: PLC0415
+
+    root = tmp_path / "cams"
+    collect_demos("pick_cube", 2, str(root), seed=0, image_size=32, cameras=["front", "wrist"])
+    ds = LeRobotDataset("arli/local", root=root, video_backend="pyav")
+    assert ds.num_episodes == 2
+    for cam in ("front", "wrist"):
+        assert ds.features[f"observation.images.{cam}"]["dtype"] == "video"
+        assert tuple(ds.features[f"observation.images.{cam}"]["shape"]) == (32, 32, 3)
+    first, last = ds[0], ds[len(ds) - 1]
+    for item in (first, last):
+        front, wrist = item["observation.images.front"], item["observation.images.wrist"]
+        assert front.shape == wrist.shape == (3, 32, 32)
+        assert float((front - wrist).abs().mean()) > 0.1
+    # the wrist camera rode along with the hand: its first and last views differ
+    assert float((first["observation.images.wrist"] - last["observation.images.wrist"]).abs().mean()) > 0.05
+    data = load_chunk_dataset(str(root), chunk_size=8)
+    assert data["cameras"] == ["front", "wrist"] and data["images"].shape == (len(ds), 2, 32, 32, 3)
+    # the training images are the loader's frames (same decoder), camera by camera
+    np.testing.assert_allclose(data["images"][-1, 1].transpose(2, 0, 1) / 255.0,
+                               last["observation.images.wrist"].numpy(), atol=1 / 255 + 1e-6)
+    env = make_env("pick_cube", image_size=32, cameras=["front", "wrist"])
+    obs, _ = env.reset(seed=0)  # and they are what the cameras saw (AV1 is lossy: close, not equal)
+    for c, cam in enumerate(("front", "wrist")):
+        assert np.abs(data["images"][0, c].astype(int) - obs["images"][cam]).mean() < 12

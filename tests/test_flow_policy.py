@@ -145,3 +145,42 @@ def test_wrong_shape_observation_is_a_clear_error(trained):
         policy.infer(PolicyRequest.of(np.zeros(7)))
     with pytest.raises(FileNotFoundError, match="arli pretrain"):
         FlowPolicy.load("/nonexistent/ckpt")
+
+
+@pytest.mark.parametrize("mode", ["guidance", "prefix"])
+def test_a_batch_of_robots_gets_the_chunks_each_would_get_alone(mode):
+    """Rows of one batch differ in state, instruction, prefix length, delay and horizon; from
+    the same starting noise each row is the chunk its request gets alone (the server batches
+    robots into one forward pass and must not mix them)."""
+    model = _model(mode, rtc_max_prefix=4) if mode == "prefix" else _model(mode)
+    model.eval()
+    g = np.random.default_rng(1)
+    states = torch.as_tensor(g.normal(size=(4, N)).astype(np.float32))
+    prefixes = [None, g.uniform(-1, 1, (2, M)), g.uniform(-1, 1, (5, M)), g.uniform(-1, 1, (3, M))]
+    delays, horizons = [0, 1, 3, 2], [None, 4, 2, 5]
+    lang = torch.stack([model.lang_tokens, model.lang_tokens,
+                        torch.as_tensor([5, 9, 0] + [0] * 13), model.lang_tokens])
+    noise = torch.randn((4, H, M), generator=torch.Generator().manual_seed(0))
+    p = torch.zeros(4, 5, M)
+    for b, pre in enumerate(prefixes):
+        if pre is not None:
+            p[b, :len(pre)] = torch.as_tensor(pre, dtype=torch.float32)
+    lengths = [0 if pre is None else len(pre) for pre in prefixes]
+    batch = model.sample(states, None, p, delays, None, horizons, lang, lengths, noise=noise)
+    for b in range(4):
+        alone = model.sample(states[b:b + 1], None, None if prefixes[b] is None else p[b:b + 1, :lengths[b]],
+                             delays[b], None, horizons[b], lang[b:b + 1], noise=noise[b:b + 1])
+        assert torch.allclose(batch[b], alone[0], atol=1e-5), (mode, b)
+    # and the rows really differ in what conditions them: the committed slots are each row's own
+    if mode == "prefix":
+        for b in (1, 2, 3):
+            assert torch.allclose(batch[b, :delays[b]], p[b, :delays[b]])
+
+
+def test_infer_batch_names_the_request_that_does_not_fit(trained):
+    policy = FlowPolicy(trained.cfg, trained)
+    ok = PolicyRequest.of(np.zeros(N))
+    out = policy.infer_batch([ok, PolicyRequest.of(np.ones(N), instruction="other words")])
+    assert len(out) == 2 and all(a.shape == (H, M) for a in out) and not np.allclose(out[0], out[1])
+    with pytest.raises(ValueError, match=r"request 1 of the batch: observation.state must have shape \(4,\)"):
+        policy.infer_batch([ok, PolicyRequest.of(np.zeros(7))])

@@ -189,3 +189,77 @@ def test_a_policy_error_is_given_up_at_once_not_at_the_request_timeout():
     # slows the in-process server thread
     assert result.abandoned == 0 and result.failed >= 3
     assert "cannot read the state" in inference.errors[0]
+
+
+def _flow_policy(rtc_mode: str = "prefix"):
+    from arli.policies.flow import FlowPolicy
+    from arli.policies.flow_config import FlowPolicyConfig
+
+    import torch
+
+    torch.manual_seed(0)
+    return FlowPolicy(FlowPolicyConfig(state_dim=6, action_dim=3, chunk_size=8, d_model=32, n_layers=1, n_heads=2,
+                                       ff_dim=32, num_steps=4, rtc_mode=rtc_mode, rtc_max_prefix=4,
+                                       execute_horizon=4))
+
+
+def test_robots_waiting_together_are_answered_by_one_forward_pass():
+    """Three robots' requests queued before the server looks: one ``infer_batch`` answers all
+    three, each reply carries its own request id and its own committed prefix, and a bad
+    request among them gets its own error while the others get their chunks."""
+    from arli.runtime.server import InferenceServer
+
+    (port,) = free_ports(1)
+    server = InferenceServer(_flow_policy(), f"tcp://127.0.0.1:{port}", max_batch=8)
+    assert server.batching and server.meta["max_batch"] == 8
+    ctx = zmq.Context.instance()
+    robots = []
+    for _ in range(4):
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"tcp://127.0.0.1:{port}")
+        robots.append(sock)
+    g = np.random.default_rng(0)
+    prefixes = [g.uniform(-1, 1, (k, 3)).astype(np.float32) for k in (1, 2, 3)]
+    time.sleep(0.3)  # connections up
+    for k, (sock, prefix) in enumerate(zip(robots, prefixes)):
+        sock.send(infer(request_id=100 + k, state=g.standard_normal(6).astype(np.float32), delay_steps=len(prefix),
+                        committed_prefix=prefix))
+    robots[3].send(infer(request_id=103, state=np.zeros(9, np.float32)))  # wrong state size
+    time.sleep(0.3)  # all four are waiting at the server's socket
+    stop_event = threading.Event()
+    thread = threading.Thread(target=server.serve, args=(stop_event,), daemon=True)
+    thread.start()
+    try:
+        for k, (sock, prefix) in enumerate(zip(robots, prefixes)):
+            assert sock.poll(20_000), f"robot {k} got no reply"
+            msg = decode(sock.recv_multipart())
+            assert msg.kind == "chunk" and msg["request_id"] == 100 + k
+            assert msg["timing"]["batch"] == 3 and msg["actions"].shape == (8, 3)
+            np.testing.assert_allclose(msg["actions"][:len(prefix)], prefix, atol=1e-6)
+        assert robots[3].poll(20_000)
+        bad = decode(robots[3].recv_multipart())
+        assert bad.kind == "error" and bad["request_id"] == 103
+        assert "observation.state must have shape (6,)" in bad["message"]
+    finally:
+        stop_event.set()
+        thread.join()
+        server.close()
+        for sock in robots:
+            sock.close()
+    # the bad row was answered on its own, the other three by one forward pass
+    assert server.stats["requests"] == 4 and server.stats["errors"] == 1 and server.stats["batches"] == 1
+
+
+def test_max_batch_1_answers_one_request_at_a_time():
+    from arli.runtime.server import InferenceServer
+
+    (port,) = free_ports(1)
+    server = InferenceServer(_flow_policy(), f"tcp://127.0.0.1:{port}", max_batch=1)
+    try:
+        assert not server.batching and server.meta["max_batch"] == 1
+        frames = [infer(request_id=k, state=np.full(6, k, np.float32)) for k in range(3)]
+        replies = [decode(reply) for reply, is_infer in server.handle_many(frames)]
+        assert [r["request_id"] for r in replies] == [0, 1, 2] and all(r["timing"]["batch"] == 1 for r in replies)
+    finally:
+        server.close()

@@ -66,3 +66,22 @@ def test_trace_bad_input(tmp_path):
         TraceLatency.from_file(str(tmp_path / "missing.txt"))
     with pytest.raises(ValueError, match="invalid"):
         TraceLatency((0.1, -0.2))
+
+
+def test_measured_latency_plans_from_the_recent_quantile(tmp_path):
+    from arli.latency import MeasuredLatency
+
+    measured = MeasuredLatency(0.05, initial_delay_steps=4, quantile=0.9, window=10)
+    assert measured.next_delay() == 4  # nothing measured yet
+    for latency in [0.5] * 10 + [0.06] * 10:  # the slow start leaves the 10-reply window
+        measured.add(latency, {"latency_s": latency})
+    assert measured.next_delay() == 2 and len(measured.latencies) == len(measured.records) == 20
+    for _ in range(3):
+        measured.add(0.31)
+    assert measured.next_delay() == 7  # the 0.9 quantile of seven 0.06 s and three 0.31 s is 0.31 s
+    capped = MeasuredLatency(0.05, initial_delay_steps=3, cap_steps=3)
+    capped.add(1.0)
+    assert capped.next_delay() == 3
+    path = tmp_path / "trace.json"
+    measured.save_trace(str(path))
+    assert TraceLatency.from_file(str(path)).values_s == tuple(measured.latencies)

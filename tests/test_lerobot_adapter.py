@@ -63,6 +63,28 @@ def test_cameras_are_matched_by_name_to_the_checkpoint_features(tmp_path):
         adapter.infer(PolicyRequest.of(state, {**images, "front": images["front"][:16]}))
 
 
+def test_a_batch_of_robots_gets_the_chunks_each_would_get_alone(tmp_path, diffusion_dir):
+    """ACT with two cameras: several robots' requests collated into one pass through the
+    checkpoint's processors and model give each robot the chunk it gets alone (ACT without
+    its VAE is deterministic); a history-based Diffusion answers them one at a time."""
+    _save_lerobot_policy("act", tmp_path, cameras={"front": (3, 32, 32), "wrist": (3, 32, 32)}, chunk_size=6,
+                         n_action_steps=6, dim_model=32, n_heads=2, dim_feedforward=32, n_encoder_layers=1,
+                         n_decoder_layers=1, use_vae=False, pretrained_backbone_weights=None)
+    adapter = load_base_policy(str(tmp_path))
+    assert adapter.batchable and not load_base_policy(str(diffusion_dir)).batchable
+    g = np.random.default_rng(3)
+    requests = [PolicyRequest.of(g.uniform(-1, 1, N).astype(np.float32),
+                                 {n: g.integers(0, 255, (32, 32, 3), dtype=np.uint8) for n in ("front", "wrist")},
+                                 committed_prefix=None if b == 0 else g.uniform(-1, 1, (b, M)).astype(np.float32))
+                for b in range(3)]
+    batch = adapter.infer_batch(requests)
+    for b, r in enumerate(requests):
+        np.testing.assert_allclose(batch[b], adapter.infer(r), atol=1e-5)
+    assert not np.allclose(batch[0], batch[1])
+    with pytest.raises(ValueError, match=r"request 2 of the batch: camera\(s\) \['wrist'\] missing"):
+        adapter.infer_batch([*requests[:2], PolicyRequest.of(requests[2].state, {"front": requests[2].images["front"]})])
+
+
 def test_act_round_trip_matches_lerobot_directly(act_dir):
     from lerobot.policies.act.modeling_act import ACTPolicy
 

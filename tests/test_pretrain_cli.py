@@ -67,23 +67,23 @@ def test_image_observations_flow_from_dataset_to_policy(tmp_path):
     from arli.pretrain import build_policy, train_flow
     from sim_envs import make_env
 
-    collect_demos("pick_cube", 2, str(tmp_path / "ds"), seed=0, image_size=24)
+    collect_demos("pick_cube", 2, str(tmp_path / "ds"), seed=0, image_size=32)
     data = load_chunk_dataset(str(tmp_path / "ds"), chunk_size=8)
-    assert data["images"].shape == (len(data["state"]), 24, 24, 3) and data["images"].std() > 5
+    assert data["images"].shape == (len(data["state"]), 1, 32, 32, 3) and data["images"].std() > 5
     policy = build_policy(data, FlowHyperparams(chunk_size=8, d_model=32, n_heads=2, ff_dim=64,
                                                 num_steps=2))
-    assert policy.cfg.image_size == 24
+    assert policy.cfg.image_size == 32 and policy.cfg.cameras == ["front"]
     train_flow(policy, data, steps=3, batch_size=8, lr=1e-3, weight_decay=0.0, seed=0)
-    obs, _ = make_env("pick_cube", image_size=24).reset(seed=0)
+    obs, _ = make_env("pick_cube", image_size=32).reset(seed=0)
     policy.reset(0)
-    a = policy.infer(PolicyRequest.of(obs["state"], {"front": obs["image"]}))
+    a = policy.infer(PolicyRequest.of(obs["state"], {"front": obs["images"]["front"]}))
     policy.reset(0)
-    b = policy.infer(PolicyRequest.of(obs["state"], {"front": 255 - obs["image"]}))
+    b = policy.infer(PolicyRequest.of(obs["state"], {"front": 255 - obs["images"]["front"]}))
     assert a.shape == (8, 5) and not np.allclose(a, b)  # the image is actually used
     with pytest.raises(ValueError, match=r"camera 'front' missing: this policy needs \['front'\], the observation has \[\]"):
         policy.infer(PolicyRequest.of(obs["state"]))
-    with pytest.raises(ValueError, match=r"camera 'front' must be a \(24, 24, 3\) uint8 image"):
-        policy.infer(PolicyRequest.of(obs["state"], {"front": np.zeros((32, 32, 3), np.uint8)}))
+    with pytest.raises(ValueError, match=r"camera 'front' must be a \(32, 32, 3\) uint8 image"):
+        policy.infer(PolicyRequest.of(obs["state"], {"front": np.zeros((24, 24, 3), np.uint8)}))
 
 
 def test_a_mistyped_checkpoint_is_an_error_not_a_pretraining(tmp_path):

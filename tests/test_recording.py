@@ -31,16 +31,32 @@ def _episode_lengths(ds) -> list[int]:
     return [int(n) for n in np.bincount(np.asarray(ds.hf_dataset["episode_index"]))]
 
 
-def _child(root: Path, crash: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(ROOT / "tests" / "record_child.py"), str(root), crash],
+def _child(root: Path, crash: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "tests" / "record_child.py"), str(root), crash, *extra],
                             cwd=ROOT, env={**ENV, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
+def _check_cameras(ds, lengths: list[int]) -> None:
+    """Each episode's first and last frame of both cameras decode to the grey levels the
+    child wrote (front 10 * episode, wrist 10 * episode + 100)."""
+    start = 0
+    for ep, n in enumerate(lengths):
+        for i in (start, start + n - 1):
+            item = ds[i]
+            assert item["observation.state"][0] == ep
+            for c, name in enumerate(("front", "wrist")):
+                frame = item[f"observation.images.{name}"]
+                assert frame.shape == (3, 32, 32)
+                assert abs(float(frame.mean()) * 255 - (10 * ep + 100 * c)) < 4, (ep, name)
+        start += n
+
+
 @pytest.mark.slow
-def test_sigkill_mid_episode_keeps_every_completed_episode(tmp_path):
+@pytest.mark.parametrize("cameras", [False, True], ids=["state", "two_cameras"])
+def test_sigkill_mid_episode_keeps_every_completed_episode(tmp_path, cameras):
     root = tmp_path / "ds"
-    proc = _child(root, "mid")
+    proc = _child(root, "mid", *(["cameras"] if cameras else []))
     saved: dict[int, int] = {}
     for line in proc.stdout:
         if line.startswith("saved"):
@@ -56,26 +72,37 @@ def test_sigkill_mid_episode_keeps_every_completed_episode(tmp_path):
     assert _episode_lengths(ds) == [saved[i] for i in range(len(saved))]
     last = ds[len(ds) - 1]
     assert last["observation.state"].tolist() == [len(saved) - 1, saved[len(saved) - 1] - 1]
+    if cameras:
+        _check_cameras(ds, [saved[i] for i in range(len(saved))])
 
 
 @pytest.mark.slow
-def test_sigkill_inside_a_save_is_rolled_back_on_resume(tmp_path):
+@pytest.mark.parametrize("cameras", [False, True], ids=["state", "two_cameras"])
+def test_sigkill_inside_a_save_is_rolled_back_on_resume(tmp_path, cameras):
     from arli.record import EpisodeRecorder, dataset_features  # noqa: PLC0415
 
     root = tmp_path / "ds"
-    proc = _child(root, "save")
+    proc = _child(root, "save", *(["cameras"] if cameras else []))
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == -signal.SIGKILL, out
     saved = [int(line.split()[2]) for line in out.splitlines() if line.startswith("saved")]
     assert len(saved) == 2  # killed inside the third save
     assert (root / ".arli_saving.json").exists()
-    with EpisodeRecorder(root, 20, dataset_features(["x", "y"], ["a"]), resume=True) as rec:
+    if cameras:  # LeRobot had written the third episode's data and videos
+        assert len(list((root / "videos" / "observation.images.wrist").rglob("*.mp4"))) == 3
+    names = ["front", "wrist"] if cameras else []
+    features = dataset_features(["x", "y"], ["a"], 32 if cameras else 0, names, use_videos=True)
+    with EpisodeRecorder(root, 20, features, resume=True) as rec:
         assert rec.total_episodes == 2  # the half-saved episode is gone
         for t in range(7):
-            rec.add_frame(np.array([9, t], np.float32), np.zeros(1, np.float32), 0.0, t == 6, False, "count")
+            images = {c: np.full((32, 32, 3), 10 * 2 + 100 * i, np.uint8) for i, c in enumerate(names)}
+            rec.add_frame(np.array([2, t], np.float32), np.zeros(1, np.float32), 0.0, t == 6, False, "count",
+                          images)
         rec.save_episode()
     ds = _load(root)
     assert _episode_lengths(ds) == saved + [7]
+    if cameras:
+        _check_cameras(ds, saved + [7])
     with pytest.raises(ValueError, match="other features"):
         EpisodeRecorder(root, 20, dataset_features(["x", "y", "z"], ["a"]), resume=True)
     with pytest.raises(FileExistsError, match=r"append=true"):
@@ -111,6 +138,54 @@ def test_batched_commits_lose_only_the_open_batch_on_sigkill(tmp_path):
     assert _episode_lengths(_load(root)) == [saved[i] for i in range(3)]
 
 
+def test_saves_read_nothing_back_and_the_dataset_stays_whole(tmp_path, monkeypatch):
+    """The per-episode commit keeps one LeRobot dataset open: after the recorder is built no
+    save reads metadata or data back (what made saves slower as the dataset grew), each
+    save's journal covers three metadata files whatever the size, and the result — also
+    after a resume that appends — reads back with LeRobot's loader, row for row."""
+    import lerobot.datasets.lerobot_dataset as lds  # noqa: PLC0415
+
+    from arli.record import JOURNAL, META_BACKUP, EpisodeRecorder, dataset_features  # noqa: PLC0415
+
+    root, features = tmp_path / "ds", dataset_features(["x", "y"], ["a"])
+    reads = {"meta": 0, "data": 0}
+    load_metadata, load_hf = lds.LeRobotDatasetMetadata.load_metadata, lds.LeRobotDataset.load_hf_dataset
+
+    def counted_meta(self):
+        reads["meta"] += 1
+        return load_metadata(self)
+
+    def counted_hf(self):
+        reads["data"] += 1
+        return load_hf(self)
+
+    monkeypatch.setattr(lds.LeRobotDatasetMetadata, "load_metadata", counted_meta)
+    monkeypatch.setattr(lds.LeRobotDataset, "load_hf_dataset", counted_hf)
+    journals = []
+    with EpisodeRecorder(root, 20, features) as rec:
+        begin = rec._begin
+
+        def spy():
+            begin()
+            journals.append((json.loads((root / JOURNAL).read_text()), sorted(os.listdir(root / META_BACKUP))))
+
+        rec._begin = spy
+        _record(rec, [(ep, 5 + ep) for ep in range(8)])
+    assert reads == {"meta": 0, "data": 0}
+    assert len(journals) == 8 and all(len(files) <= 3 for _, files in journals)
+    assert journals[0][0]["frontier"]["data"] is None and journals[-1][0]["frontier"]["data"] == [0, 6]
+    with EpisodeRecorder(root, 20, features, resume=True) as rec:  # reads the dataset once, here
+        _record(rec, [(8, 4), (9, 6)])
+    assert reads == {"meta": 1, "data": 1}
+    monkeypatch.undo()
+    ds = _load(root)
+    assert _episode_lengths(ds) == [5 + ep for ep in range(8)] + [4, 6]
+    state = np.asarray(ds.hf_dataset.with_format("numpy")["observation.state"])
+    expected = np.concatenate([np.stack([np.full(n, ep), np.arange(n)], 1)
+                               for ep, n in [(ep, 5 + ep) for ep in range(8)] + [(8, 4), (9, 6)]])
+    np.testing.assert_array_equal(state, expected)
+
+
 def _record(rec, lengths) -> None:
     for ep, n in lengths:
         for t in range(n):
@@ -134,7 +209,7 @@ def test_close_commits_a_partial_batch_and_a_broken_save_refuses_more(tmp_path, 
     rec = EpisodeRecorder(root, 20, features, resume=True, commit_every=3)
     _record(rec, [(2, 16)])  # in the open batch
 
-    def broken_save():
+    def broken_save(**_):
         raise OSError("disk full")
 
     monkeypatch.setattr(rec.dataset, "save_episode", broken_save)
@@ -154,7 +229,7 @@ def recorded(tmp_path_factory):
     root = tmp_path_factory.mktemp("rec") / "pick"
     out = subprocess.run([sys.executable, "-m", "arli.cli", "record", "env=pick_cube", "checkpoint=expert",
                           "episodes=3", f"root={root}", "delay_steps=4", "run.intervention.threshold=0.3", "run.intervention.patience=1",
-                          "image_size=32"],
+                          "env.image_size=32", "env.cameras=[front,wrist]"],
                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     summary = json.loads(out.stdout[out.stdout.index("{"):])
@@ -184,9 +259,12 @@ def test_record_writes_every_field_lerobot_reads_it_back(recorded):
     done = np.asarray(t["next.done"]).reshape(-1)
     assert done.sum() == 3 and done[-1]
     assert ds[0]["task"] == "pick up the red cube and lift it"
-    # the camera went into an AV1 video per episode, decoded back frame by frame
-    frame = ds[len(ds) // 2]["observation.images.front"]
-    assert frame.shape == (3, 32, 32) and 0.05 < float(frame.mean()) < 0.95
+    # every camera went into an AV1 video per episode, decoded back frame by frame
+    assert {ds.features[f"observation.images.{c}"]["dtype"] for c in ("front", "wrist")} == {"video"}
+    item = ds[len(ds) // 2]
+    front, wrist = item["observation.images.front"], item["observation.images.wrist"]
+    assert front.shape == wrist.shape == (3, 32, 32) and 0.05 < float(front.mean()) < 0.95
+    assert float((front - wrist).abs().mean()) > 0.05  # two views, not one image twice
 
 
 def test_a_lerobot_policy_trains_on_the_recording(recorded):
@@ -221,7 +299,7 @@ def test_a_lerobot_policy_trains_on_the_recording(recorded):
 
 def test_the_learner_replays_a_recording_with_interventions_flagged(recorded, tmp_path):
     from arli.cli import compose  # noqa: PLC0415
-    from arli.commands.finetune import make_finetuner  # noqa: PLC0415
+    from arli.runs import make_finetuner  # noqa: PLC0415
     from arli.config import ConfigError  # noqa: PLC0415
     from arli.types import INTERVENTION, ONLINE  # noqa: PLC0415
 
@@ -250,3 +328,31 @@ def test_the_learner_replays_a_recording_with_interventions_flagged(recorded, tm
 
     with pytest.raises(ValueError, match="not a LeRobotDataset"):
         load_recorded(str(tmp_path / "empty"), 1, 5, 3, 0.99, ft.online, ft.anchor)
+
+
+@pytest.mark.slow
+def test_the_actors_recorder_takes_every_sim_camera(tmp_path):
+    """``arli actor robot=sim record_root=...`` with ``env.image_size`` / ``env.cameras``:
+    the task renders both cameras and the recorder's dataset has one video feature each.
+    (The controller is a stand-in exposing only the ARLI state size: a real one needs a
+    server and a learner, which `tests/test_launch.py` runs.)"""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from arli.cli import compose  # noqa: PLC0415
+    from arli.commands.pipeline import Recording  # noqa: PLC0415
+    from robot_drivers.sim import SimDriver  # noqa: PLC0415
+    from sim_envs import make_env  # noqa: PLC0415
+
+    cfg = compose("actor", ["env=pick_cube", "env.image_size=32", "env.cameras=[front,wrist]",
+                            f"record_root={tmp_path / 'rec'}"])
+    env = make_env("pick_cube", **cfg.env.render_kwargs())
+    driver = SimDriver(env)
+    assert set(driver.reset(seed=0).images) == {"front", "wrist"}
+    recording = Recording(cfg, env, driver, "pick")
+    wrapped = recording.wrap(SimpleNamespace(builder=SimpleNamespace(dim=4)))
+    feats = recording.recorder.features
+    for cam in ("front", "wrist"):
+        assert feats[f"observation.images.{cam}"]["dtype"] == "video"
+        assert tuple(feats[f"observation.images.{cam}"]["shape"]) == (32, 32, 3)
+    assert set(wrapped._cameras) == {"front", "wrist"}
+    recording.close()

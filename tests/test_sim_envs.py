@@ -100,7 +100,7 @@ def test_grasp_is_by_contact_and_friction():
 def test_images_are_rendered_when_requested():
     env = make_env("pick_cube", image_size=32)
     obs, _ = env.reset(seed=0)
-    img = obs["image"]
+    img = obs["images"]["front"]
     assert img.shape == (32, 32, 3) and img.dtype == np.uint8
     assert img.std() > 5  # a real scene, not a blank buffer
 

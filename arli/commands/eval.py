@@ -7,26 +7,8 @@ from __future__ import annotations
 import json
 import os
 
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
-from arli.config import ConfigError, EvalConfig, FinetuneConfig, validate
-
-
-def load_run_config(run_dir: str) -> FinetuneConfig:
-    """The finetune config a run saved (``<run>/config.yaml``), validated as at its start."""
-    path = os.path.join(run_dir, "config.yaml")
-    if not run_dir or not os.path.exists(path):
-        raise ConfigError(f"run: no finetune run at {run_dir} (missing config.yaml); pass an `arli finetune` "
-                          "output directory")
-    try:
-        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(FinetuneConfig), OmegaConf.load(path)))
-    except OmegaConfBaseException as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise ConfigError(f"run: {path} does not fit this ARLI's finetune config ({first}); evaluate it with "
-                          "the version that wrote it, or rerun it") from None
-    validate(cfg)
-    return cfg
+from arli.config import EvalConfig
+from arli.runs import load_run_config
 
 
 def split_of(spec, seed_base: int, episodes: int, train: range) -> str:
@@ -45,7 +27,8 @@ def split_of(spec, seed_base: int, episodes: int, train: range) -> str:
 
 
 def main(cfg: EvalConfig) -> int:
-    from arli.commands.finetune import make_finetuner, test_report  # noqa: PLC0415
+    from arli.commands.finetune import run_videos, test_report  # noqa: PLC0415
+    from arli.runs import make_finetuner  # noqa: PLC0415
 
     run_cfg = load_run_config(cfg.run)
     ft, name, delay = make_finetuner(run_cfg)
@@ -61,6 +44,7 @@ def main(cfg: EvalConfig) -> int:
     base = ft.evaluate(episodes, seed_base, residual=False)
     report = test_report(spec, split, {"base": base["outcomes"], "final": final["outcomes"]})
     report.update(env=name, variant=spec.variant, delay_steps=delay, env_steps=ft.env_steps)
+    report["videos"] = run_videos(run_cfg, ft, name, cfg.run, cfg.videos)
     out = cfg.output or os.path.join(cfg.run, f"eval_{seed_base}_{episodes}.json")
     with open(out, "w", encoding="utf-8") as fh:
         json.dump(report, fh, indent=1)

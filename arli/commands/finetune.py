@@ -14,10 +14,9 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from arli.bench.common import success_plot
-from arli.config import ConfigError, FinetuneConfig
-from arli.latency import FixedLatency, latency_from_config, to_delay_steps
-from sim_envs import make_env, task_name
-from sim_envs.experts import EXPERTS
+from arli.config import FinetuneConfig
+from arli.runs import make_finetuner
+from sim_envs import make_env
 
 
 def steps_to(history: list[dict], level: float) -> int | None:
@@ -39,32 +38,6 @@ def plot_curve(history: list[dict], base: float, path: str, title: str,
         ax.axhline(base, color="gray", ls="--", label="base policy")
 
 
-def make_finetuner(cfg: FinetuneConfig, image_size: int = 0):
-    """The run's Finetuner (base policy trained first if missing) -> (ft, task name, delay).
-    ``image_size`` > 0 renders the task camera into every observation."""
-    from arli.finetune import Finetuner  # noqa: PLC0415
-    from arli.policies.load import load_base_policy  # noqa: PLC0415
-    from arli.pretrain import ensure_base_policy  # noqa: PLC0415 - torch
-
-    name = task_name(cfg.env.name)
-    if getattr(cfg, "robot", "sim") == "franka":  # only the learner service's config drives a robot
-        return _real_robot_finetuner(cfg, name)
-    if name not in EXPERTS and (cfg.run.anchor_episodes or cfg.run.regime == "hil"):
-        raise ConfigError(f"env.name: {name} has no scripted expert for demonstrations or interventions; "
-                          "set run.anchor_episodes=0 run.regime=rl")
-    ensure_base_policy(cfg.checkpoint, cfg.pretrain, cfg.env)
-    env = make_env(name, dt=cfg.env.dt, max_episode_steps=cfg.env.max_episode_steps, image_size=image_size)
-    base = load_base_policy(cfg.checkpoint, env.unwrapped.instruction, name,
-                            cfg.pretrain.policy.chunk_size, state_dim=env.observation_space["state"].shape[0])
-    latency = (FixedLatency(cfg.delay_steps * cfg.env.dt) if cfg.delay_steps is not None
-               else latency_from_config(cfg.latency))
-    delay = to_delay_steps(latency.max_latency(), cfg.env.dt)
-    model = getattr(base, "model", None)  # built-in policy: reuse its state normalisation
-    mean = model.state_mean.numpy() if model is not None else None
-    std = model.state_std.numpy() if model is not None else None
-    return Finetuner(cfg.run, env, base, EXPERTS.get(name), latency, mean, std, cfg.chunking), name, delay
-
-
 def new_run_dir(prefix: str) -> str:
     """Create and return ``<prefix>_<YYYYmmdd_HHMMSS>``, suffixed ``_2``, ``_3``, ... when a run
     started in the same second already owns it (two runs must never share checkpoints)."""
@@ -76,6 +49,25 @@ def new_run_dir(prefix: str) -> str:
             return path
         except FileExistsError:
             n += 1
+
+
+def run_videos(cfg: FinetuneConfig, ft, name: str, out_dir: str, episodes: int, writer=None) -> list[dict]:
+    """Rollout videos of the first ``episodes`` test seeds, the base alone against base +
+    residual, every camera of the task at ``cfg.video_size`` -> ``<out_dir>/videos/``."""
+    if episodes <= 0:
+        return []
+    from arli.videos import write_run_videos  # noqa: PLC0415
+    from sim_envs.franka import CAMERAS  # noqa: PLC0415
+
+    def render_env():
+        return make_env(name, dt=cfg.env.dt, max_episode_steps=cfg.env.max_episode_steps,
+                        image_size=cfg.video_size, cameras=list(CAMERAS))
+
+    controllers = {"base alone": None, f"base + {cfg.run.variant} residual": ft.evaluation_controller()}
+    seeds = list(cfg.run.test_range())[:episodes]
+    print(f"rollout videos of test seeds {seeds} ({', '.join(CAMERAS)} cameras) -> {out_dir}/videos/")
+    return write_run_videos(render_env, ft.base, ft.chunking, ft.latency, controllers, seeds, out_dir, writer,
+                            ft.env_steps)
 
 
 def test_report(run, split: dict, outcomes: dict[str, list[bool]]) -> dict:
@@ -137,6 +129,7 @@ def main(cfg: FinetuneConfig) -> int:
     ft.save(os.path.join(run_dir, "checkpoint"))
     final = ft.evaluate_test()
     writer.add_scalar("eval/final_success", final["success"], ft.env_steps)
+    videos = run_videos(cfg, ft, name, run_dir, cfg.videos, writer)
     writer.close()
     outcomes = {"base": base_eval["outcomes"], "final": final["outcomes"]}
     if anchor_eval is not None:
@@ -162,7 +155,7 @@ def main(cfg: FinetuneConfig) -> int:
                                                                  "episodes": spec.eval_episodes},
         "env_steps_per_s": round((ft.env_steps - steps_before) / max(train_s, 1e-9), 1),
         "updates_per_s": round((ft.learner.updates - updates_before) / max(train_s, 1e-9), 1),
-        "history": ft.history, "episodes": ft.episode_log,
+        "history": ft.history, "episodes": ft.episode_log, "videos": videos,
         "wall_s": round(time.time() - start, 1), "run_dir": run_dir,
     }
     with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as fh:
@@ -187,30 +180,7 @@ def main(cfg: FinetuneConfig) -> int:
         points = ", ".join(f"{h['success']:.2f}" for h in ft.history[1:])
         print(f"learning curve ({spec.eval_episodes} tune episodes): {curve_start['success']:.2f} -> {points}")
     print(f"{summary['env_steps_per_s']} env steps/s, {summary['updates_per_s']} updates/s while training")
-    print(f"\nwrote {run_dir}/ (checkpoint/, tb/, learning_curve.png, summary.json, eval_test.json) in "
+    print(f"\nwrote {run_dir}/ (checkpoint/, tb/, learning_curve.png, summary.json, eval_test.json"
+          f"{', videos/' if videos else ''}) in "
           f"{summary['wall_s']:.0f} s")
     return 0
-
-
-def _real_robot_finetuner(cfg, name: str):
-    """The learner of a real arm: the residual state from proprioception (``ProprioOnly``),
-    the chunk size of the served policy, no base policy, demos or sim evaluation here."""
-    from arli.finetune import Finetuner  # noqa: PLC0415
-    from arli.policies.base import BasePolicy  # noqa: PLC0415
-    from sim_envs.base import ProprioOnly  # noqa: PLC0415
-
-    class ServedElsewhere(BasePolicy):
-        def __init__(self, chunk_size: int, action_dim: int):
-            self.chunk_size, self.action_dim = chunk_size, action_dim
-
-        def infer(self, request):
-            raise RuntimeError("the learner of a real robot has no base policy: chunks come from `arli serve` "
-                               "to the robot; there is no evaluation in sim")
-
-    env = ProprioOnly(make_env(name, dt=cfg.env.dt, max_episode_steps=cfg.env.max_episode_steps))
-    base = ServedElsewhere(cfg.chunk_size, env.action_space.shape[0])
-    # the scheduler's planned delay, from the same latency settings as a sim run
-    latency = (FixedLatency(cfg.delay_steps * cfg.env.dt) if cfg.delay_steps is not None
-               else latency_from_config(cfg.latency))
-    delay = to_delay_steps(latency.max_latency(), cfg.env.dt)
-    return Finetuner(cfg.run, env, base, None, latency, chunking=cfg.chunking), name, delay

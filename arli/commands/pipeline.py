@@ -31,6 +31,7 @@ def _stop_on_signals() -> threading.Event:
 
 
 def serve_main(cfg: ServeConfig) -> int:
+    from arli.compute import resolve_device  # noqa: PLC0415
     from arli.pretrain import ensure_base_policy  # noqa: PLC0415
     from arli.policies.load import load_base_policy  # noqa: PLC0415
     from arli.runtime.server import InferenceServer  # noqa: PLC0415
@@ -40,11 +41,15 @@ def serve_main(cfg: ServeConfig) -> int:
     name = task_name(cfg.env.name)
     ensure_base_policy(cfg.checkpoint, cfg.pretrain, cfg.env)
     instruction = make_env(name).unwrapped.instruction
-    policy = load_base_policy(cfg.checkpoint, instruction, name, cfg.pretrain.policy.chunk_size)
-    server = InferenceServer(policy, bind_address(cfg.transport.server), {"dt": cfg.env.dt, "task": name},
-                             cfg.min_latency_s, cfg.transport.curve, int(cfg.max_message_mb * 2**20))
+    device = resolve_device(cfg.device)
+    policy = load_base_policy(cfg.checkpoint, instruction, name, cfg.pretrain.policy.chunk_size, device=device)
+    server = InferenceServer(policy, bind_address(cfg.transport.server),
+                             {"dt": cfg.env.dt, "task": name, "device": device}, cfg.min_latency_s,
+                             cfg.transport.curve, int(cfg.max_message_mb * 2**20), cfg.max_batch,
+                             cfg.batch_wait_ms / 1000)
+    batching = f"batches up to {server.max_batch}" if server.batching else "one request at a time"
     print(f"arli serve: {type(policy).__name__} from {cfg.checkpoint} on {bind_address(cfg.transport.server)}"
-          f" (min latency {cfg.min_latency_s * 1000:.0f} ms)", flush=True)
+          f" ({device}, {batching}, min latency {cfg.min_latency_s * 1000:.0f} ms)", flush=True)
     try:
         server.serve(_stop_on_signals(), cfg.max_seconds or None)
     finally:
@@ -53,7 +58,7 @@ def serve_main(cfg: ServeConfig) -> int:
 
 
 def learner_main(cfg: LearnerServiceConfig) -> int:
-    from arli.commands.finetune import make_finetuner  # noqa: PLC0415
+    from arli.runs import make_finetuner  # noqa: PLC0415
     from arli.runtime.learner_service import LearnerService  # noqa: PLC0415
 
     _logging()
@@ -114,20 +119,19 @@ def learner_main(cfg: LearnerServiceConfig) -> int:
 def actor_main(cfg: ActorConfig) -> int:
     from arli.runtime.actor import run_actor  # noqa: PLC0415
     from arli.runtime.link import LearnerLink  # noqa: PLC0415
-    from arli.transport.inference_client import RemoteInference  # noqa: PLC0415
     from sim_envs import make_env, task_name  # noqa: PLC0415
 
     _logging()
-    env = make_env(task_name(cfg.env.name), dt=cfg.env.dt, max_episode_steps=cfg.env.max_episode_steps)
+    # on the sim the task renders env.cameras (env.image_size > 0) as a robot's cameras would
+    render = cfg.env.render_kwargs() if cfg.robot == "sim" else {}
+    env = make_env(task_name(cfg.env.name), dt=cfg.env.dt, max_episode_steps=cfg.env.max_episode_steps, **render)
     driver = make_driver(cfg, env)
     instruction = cfg.task or env.unwrapped.instruction
     curve = cfg.transport.curve
-    inference = RemoteInference(cfg.transport.server, driver.dt, curve, cfg.chunking.planned_delay_steps,
-                                instruction=instruction)
-    meta = inference.connect(timeout_s=120)
-    H = inference.chunk_size
+    inference, served = make_inference(cfg, driver, instruction)
     link = LearnerLink(cfg.actor_id, cfg.transport.learner, cfg.transport.weights, curve).start()
-    print(f"arli actor {cfg.actor_id}: server {meta['policy']} (H={H}), learner {cfg.transport.learner}", flush=True)
+    print(f"arli actor {cfg.actor_id}: server {served} (H={inference.chunk_size}), learner {cfg.transport.learner}",
+          flush=True)
     os.makedirs(cfg.output_dir, exist_ok=True)
     # episode seeds disjoint from demos (0..), evaluation (10_000..) and in-process training
     # (100_000..); a stable hash of the actor id keeps them reproducible across restarts
@@ -161,6 +165,24 @@ def actor_main(cfg: ActorConfig) -> int:
     print(f"arli actor {cfg.actor_id}: {stats.episodes} episodes, success {stats.successes}/{stats.episodes}; "
           f"latency trace in {cfg.output_dir}/latency_trace.json", flush=True)
     return 0
+
+
+def make_inference(cfg: ActorConfig, driver, instruction: str):
+    """The base's inference endpoint, connected: ``arli serve`` over ZeroMQ (``inference=arli``)
+    or an openpi policy server over WebSocket (``inference=openpi``). Returns it and what serves."""
+    if cfg.inference == "openpi":
+        from arli.transport.openpi_endpoint import OpenPIInference  # noqa: PLC0415
+
+        openpi = OpenPIInference(cfg.openpi, driver.dt, driver.state_dim, driver.action_dim,
+                                 cfg.chunking.planned_delay_steps, instruction=instruction)
+        openpi.connect()
+        return openpi, f"openpi at {cfg.openpi.uri}"
+    from arli.transport.inference_client import RemoteInference  # noqa: PLC0415
+
+    inference = RemoteInference(cfg.transport.server, driver.dt, cfg.transport.curve, cfg.chunking.planned_delay_steps,
+                                instruction=instruction)
+    meta = inference.connect(timeout_s=120)
+    return inference, str(meta["policy"])
 
 
 def make_driver(cfg: ActorConfig, env):
@@ -209,8 +231,9 @@ class Recording:
         from sim_envs.base import ACTION_NAMES, PROPRIO_DIM, PROPRIO_NAMES  # noqa: PLC0415
 
         names = list(getattr(self.env.unwrapped, "state_names", PROPRIO_NAMES))[: self.driver.state_dim]
-        cams = ({name: (self.cfg.camera_size,) * 2 for name in self.cfg.cameras} if self.cfg.robot == "franka"
-                else {})
+        size = self.cfg.camera_size if self.cfg.robot == "franka" else self.cfg.env.image_size
+        camera_names = list(self.cfg.cameras) if self.cfg.robot == "franka" else list(self.cfg.env.cameras)
+        cams = {name: (size, size) for name in camera_names} if size else {}
         features = intervention_features(PROPRIO_NAMES, names[PROPRIO_DIM:], ACTION_NAMES, ctl.builder.dim, cams)
         root = self.cfg.record_root
         self.recorder = EpisodeRecorder(root, int(round(1 / self.driver.dt)), features,

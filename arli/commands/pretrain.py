@@ -8,7 +8,8 @@ from arli.pretrain import pretrain
 
 
 def collect_main(cfg: CollectDemosConfig) -> int:
-    out = collect_demos(cfg.env.name, cfg.episodes, cfg.root, cfg.seed, cfg.env.dt, cfg.env.image_size)
+    out = collect_demos(cfg.env.name, cfg.episodes, cfg.root, cfg.seed, cfg.env.dt, cfg.env.image_size,
+                        cameras=cfg.env.cameras)
     print(f"recorded {out['episodes']} successful episodes ({out['attempts']} attempts) -> {cfg.root}")
     print(describe_timing(out["timing"]))
     return 0

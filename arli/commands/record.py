@@ -39,7 +39,7 @@ def _intervention(cfg: RecordConfig, expert):
 
 
 def main(cfg: RecordConfig) -> int:
-    from arli.commands.finetune import make_finetuner  # noqa: PLC0415
+    from arli.runs import make_finetuner  # noqa: PLC0415
     from arli.record import EpisodeRecorder  # noqa: PLC0415
     from arli.runtime.acting import ResidualController  # noqa: PLC0415
     from arli.rl.config import TRAIN_SEED_BASE  # noqa: PLC0415
@@ -50,7 +50,7 @@ def main(cfg: RecordConfig) -> int:
     if os.path.exists(cfg.root) and os.listdir(cfg.root) and not cfg.append:
         raise ConfigError(f"root: {cfg.root} already holds a dataset; pass append=true to append "
                           "episodes to it, or choose another root")
-    ft, name, delay = make_finetuner(cfg, image_size=cfg.image_size)
+    ft, name, delay = make_finetuner(cfg, render=True)  # every camera of env.cameras, if env.image_size > 0
     if cfg.residual:
         try:
             ft.load(cfg.residual)
@@ -58,7 +58,8 @@ def main(cfg: RecordConfig) -> int:
             raise ConfigError(f"residual: cannot load {cfg.residual}: {exc} (pass the same run.variant / run.learner "
                               "overrides as the finetune run that wrote it)") from None
     env = ft.env.unwrapped
-    cameras = {"front": (cfg.image_size, cfg.image_size)} if cfg.image_size else {}
+    size = cfg.env.image_size
+    cameras = {name: (size, size) for name in cfg.env.cameras} if size else {}
     features = intervention_features(PROPRIO_NAMES, env.state_names[PROPRIO_DIM:], ACTION_NAMES,
                                      ft.builder.dim, cameras)
     intervention = _intervention(cfg, ft.expert)

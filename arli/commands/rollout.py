@@ -19,8 +19,7 @@ def main(cfg: RolloutConfig) -> int:
         latencies = [FixedLatency(d * dt) for d in cfg.delay_steps]
     else:
         latencies = [latency_from_config(cfg.latency)]
-    env = make_env(cfg.env.name, dt=dt, image_size=cfg.env.image_size,
-                   max_episode_steps=cfg.env.max_episode_steps)
+    env = make_env(cfg.env.name, dt=dt, max_episode_steps=cfg.env.max_episode_steps, **cfg.env.render_kwargs())
     policy = ExpertChunkPolicy(task_name(cfg.env.name), cfg.chunk_size)
     start = time.time()
     cells, skipped = sweep(env, policy, cfg.chunking, list(cfg.strategies), latencies, cfg.episodes, cfg.seed,

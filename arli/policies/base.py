@@ -11,6 +11,15 @@ import numpy as np
 from arli.types import PolicyRequest
 
 
+class BatchRequestError(ValueError):
+    """Request ``index`` of a batch does not fit the policy (the message names it): the server
+    answers that one with the error and the rest of the batch as usual."""
+
+    def __init__(self, index: int, message: str):
+        super().__init__(f"request {index} of the batch: {message}")
+        self.index, self.detail = index, message
+
+
 class BasePolicy(abc.ABC):
     """Predicts chunks of ``chunk_size`` actions of dimension ``action_dim``.
 
@@ -22,6 +31,7 @@ class BasePolicy(abc.ABC):
     chunk_size: int
     action_dim: int
     n_obs_steps: int = 1
+    batchable: bool = False  # infer_batch answers B requests with one forward pass
 
     @abc.abstractmethod
     def infer(self, request: PolicyRequest) -> np.ndarray:
@@ -29,6 +39,11 @@ class BasePolicy(abc.ABC):
 
         Raises ValueError naming the camera, state or shape when the request does not fit
         the policy (the server turns it into an error reply and keeps serving)."""
+
+    def infer_batch(self, requests: list[PolicyRequest]) -> list[np.ndarray]:
+        """B requests (several robots) -> B chunks (H, m); one at a time unless the policy
+        batches (``batchable``). A request that does not fit raises BatchRequestError naming it."""
+        return [self.infer(r) for r in requests]
 
     def reset(self, seed: int | None = None) -> None:
         """Start of an episode (clears histories; seeds sampling)."""

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from arli.policies.base import BasePolicy, with_prefix
+from arli.policies.base import BasePolicy, BatchRequestError, with_prefix
 from arli.policies.flow_config import RTC_MODES, FlowPolicyConfig  # noqa: F401 - re-export
 from arli.policies.flow_math import (rtc_guidance_weight, rtc_soft_mask, sample_time,
                                      training_inputs)
@@ -118,41 +118,58 @@ class FlowChunkModel(nn.Module):
 
     # -- sampling ----------------------------------------------------------------------
     def sample(self, state: torch.Tensor, image: torch.Tensor | None = None,
-               prefix: torch.Tensor | None = None, delay: int = 0,
-               generator: torch.Generator | None = None, execute_horizon: int | None = None,
-               lang: torch.Tensor | None = None) -> torch.Tensor:
+               prefix: torch.Tensor | None = None, delay: int | list[int] = 0,
+               generator: torch.Generator | None = None, execute_horizon: int | list[int | None] | None = None,
+               lang: torch.Tensor | None = None, prefix_len: list[int] | None = None,
+               noise: torch.Tensor | None = None) -> torch.Tensor:
         """Euler sampling of normalised chunks (B, H, m).
 
         prefix: (B, L, m) normalised actions of the previous chunk for slots 0..L-1 (the
-        first ``delay`` are committed). rtc_mode 'prefix' writes the committed ones in;
-        'guidance' pulls the chunk toward the prefix with the soft mask (one VJP per step)
-        spanning ``execute_horizon`` (the scheduler's s; default the one trained with).
+        first ``delay`` are committed); rows of a batch may differ: ``prefix_len`` (B,) valid
+        slots per row (default L), ``delay`` and ``execute_horizon`` one per row or one for
+        all. rtc_mode 'prefix' writes the committed ones in; 'guidance' pulls the chunk toward
+        the prefix with the soft mask (one VJP per step) spanning ``execute_horizon`` (the
+        scheduler's s; default the one trained with). ``noise`` (B, H, m): the starting point
+        (default drawn from ``generator``).
         """
         cfg = self.cfg
         B, H, m = state.shape[0], cfg.chunk_size, cfg.action_dim
-        x = torch.randn((B, H, m), generator=generator)
+        dev = self.pos.device
+        # noise is drawn on the CPU generator whatever the device: a seed gives the same chunk on both
+        x = (torch.randn((B, H, m), generator=generator) if noise is None else noise).to(dev)
         n = cfg.num_steps
-        use_prefix = prefix is not None and prefix.shape[1] > 0 and cfg.rtc_mode != "none"
+        lengths = [0] * B
+        if prefix is not None and prefix.shape[1] > 0:
+            lengths = list(prefix_len) if prefix_len is not None else [prefix.shape[1]] * B
+        use_prefix = any(lengths) and cfg.rtc_mode != "none"
         with torch.no_grad():
             ctx = self.context(state, image, lang)
         if use_prefix:
-            L = min(prefix.shape[1], H)
+            delays = list(delay) if isinstance(delay, (list, tuple)) else [delay] * B
+            horizons = list(execute_horizon) if isinstance(execute_horizon, (list, tuple)) else [execute_horizon] * B
             target = torch.zeros(B, H, m)
-            target[:, :L] = prefix[:, :L]
-            d = min(delay, L)
-            if cfg.rtc_mode == "prefix":
-                clean = torch.arange(H) < d
-            else:
-                s = cfg.execute_horizon if execute_horizon is None else execute_horizon
-                mask = rtc_soft_mask(H, d, max(s, d))
-                mask[L:] = 0.0
-                mask = mask[None, :, None]
+            clean = torch.zeros(B, H, dtype=torch.bool)
+            mask = torch.zeros(B, H, 1)
+            for b in range(B):  # per-row masks: robots in one batch wait for different prefixes
+                L = min(lengths[b], H)
+                if L == 0:
+                    continue
+                target[b, :L] = prefix[b, :L]
+                d = min(delays[b], L)
+                if cfg.rtc_mode == "prefix":
+                    clean[b, :d] = True
+                else:
+                    s = cfg.execute_horizon if horizons[b] is None else horizons[b]
+                    w = rtc_soft_mask(H, d, max(s, d))
+                    w[L:] = 0.0
+                    mask[b, :, 0] = w
+            target, clean, mask = target.to(dev), clean.to(dev), mask.to(dev)
         for k in range(n):
             t_now = 1.0 - k / n
-            t = torch.full((B, H), t_now)
+            t = torch.full((B, H), t_now, device=dev)
             if use_prefix and cfg.rtc_mode == "prefix":
-                x = torch.where(clean[None, :, None], target, x)
-                t = torch.where(clean[None], torch.zeros_like(t), t)
+                x = torch.where(clean[..., None], target, x)
+                t = torch.where(clean, torch.zeros_like(t), t)
             if use_prefix and cfg.rtc_mode == "guidance":
                 x_req = x.detach().requires_grad_(True)
                 with torch.enable_grad():
@@ -166,12 +183,14 @@ class FlowChunkModel(nn.Module):
                 with torch.no_grad():
                     x = x - self.velocity(ctx, x, t) / n
         if use_prefix and cfg.rtc_mode == "prefix":
-            x = torch.where(clean[None, :, None], target, x)
+            x = torch.where(clean[..., None], target, x)
         return x.detach()
 
 
 class FlowPolicy(BasePolicy):
     """Base-policy wrapper: numpy in, numpy out, normalisation, save/load."""
+
+    batchable = True
 
     def __init__(self, cfg: FlowPolicyConfig, model: FlowChunkModel | None = None):
         self.cfg = cfg
@@ -179,13 +198,20 @@ class FlowPolicy(BasePolicy):
         self.model.eval()
         self.chunk_size, self.action_dim = cfg.chunk_size, cfg.action_dim
         self._gen = torch.Generator().manual_seed(0)
+        self.device = torch.device("cpu")
+
+    def to(self, device: str) -> "FlowPolicy":
+        """Serve from ``device`` (cpu, cuda, cuda:1); sampling noise stays on the CPU generator."""
+        self.device = torch.device(device)
+        self.model.to(self.device)
+        return self
 
     def reset(self, seed: int | None = None) -> None:
         if seed is not None:
             self._gen.manual_seed(seed)
 
     def _norm_state(self, state: np.ndarray) -> torch.Tensor:
-        s = torch.as_tensor(np.asarray(state, np.float32))
+        s = torch.as_tensor(np.asarray(state, np.float32), device=self.device)
         if s.ndim != 1 or s.shape[0] != self.cfg.state_dim:
             raise ValueError(f"observation.state must have shape ({self.cfg.state_dim},) "
                              f"{self.cfg.state_names or ''}, got {tuple(s.shape)}")
@@ -205,27 +231,49 @@ class FlowPolicy(BasePolicy):
             if image.shape != (size, size, 3) or image.dtype != np.uint8:
                 raise ValueError(f"camera {name!r} must be a ({size}, {size}, 3) uint8 image, got "
                                  f"{image.shape} {image.dtype}")
-            out.append(torch.as_tensor(image).float().permute(2, 0, 1) / 255.0)
+            out.append(torch.as_tensor(image, device=self.device).float().permute(2, 0, 1) / 255.0)
         return torch.stack(out)[None]
 
     def _lang(self, instruction: str) -> torch.Tensor | None:
         """Token ids (1, L) of the request's instruction; None: the one trained on."""
         if not instruction or instruction == self.cfg.instruction:
             return None
-        return hash_tokens(instruction, self.cfg.vocab_size)[None]
+        return hash_tokens(instruction, self.cfg.vocab_size)[None].to(self.device)
 
     def infer(self, request: PolicyRequest) -> np.ndarray:
         """request -> actions (H, m). ``guidance`` (L, m): previous chunk over the overlap
         (defaults to the committed prefix)."""
+        return self.infer_batch([request])[0]
+
+    def infer_batch(self, requests: list[PolicyRequest]) -> list[np.ndarray]:
+        """B requests (several robots) -> B chunks (H, m) from one forward pass per flow step;
+        each row keeps its own state, cameras, instruction, prefix, delay and horizon. A
+        request that does not fit the policy raises ValueError naming it (and its camera)."""
         m = self.model
-        committed = request.committed_prefix
-        prefix = request.guidance if request.guidance is not None else committed
+        prefixes = [r.guidance if r.guidance is not None else r.committed_prefix for r in requests]
+        lengths = [0 if p is None else len(p) for p in prefixes]
         p = None
-        if prefix is not None and len(prefix):
-            p = ((torch.as_tensor(np.asarray(prefix, np.float32)) - m.action_mean) / m.action_std)[None]
-        x = m.sample(self._norm_state(request.state), self._images(request.images), p, request.delay, self._gen,
-                     request.execute_horizon, self._lang(request.instruction))
-        return with_prefix((x[0] * m.action_std + m.action_mean).numpy(), committed)
+        if any(lengths):
+            p = torch.zeros(len(requests), max(lengths), self.action_dim, device=self.device)
+            for b, prefix in enumerate(prefixes):
+                if lengths[b]:
+                    p[b, :lengths[b]] = (torch.as_tensor(np.array(prefix, np.float32), device=self.device)
+                                         - m.action_mean) / m.action_std
+        states, images, langs = [], [], []
+        for b, r in enumerate(requests):
+            try:
+                states.append(self._norm_state(r.state))
+                images.append(self._images(r.images))
+                langs.append(self._lang(r.instruction))
+            except ValueError as exc:
+                raise (BatchRequestError(b, str(exc)) if len(requests) > 1 else exc) from None
+        lang = None
+        if any(tok is not None for tok in langs):
+            lang = torch.cat([m.lang_tokens[None] if tok is None else tok for tok in langs])
+        x = m.sample(torch.cat(states), None if images[0] is None else torch.cat(images), p,
+                     [r.delay for r in requests], self._gen, [r.execute_horizon for r in requests], lang, lengths)
+        chunks = (x * m.action_std + m.action_mean).cpu().numpy()
+        return [with_prefix(chunks[b], r.committed_prefix) for b, r in enumerate(requests)]
 
     def save(self, path: str) -> None:
         from safetensors.torch import save_file  # noqa: PLC0415

@@ -4,17 +4,62 @@ base-policy interface, loaded from a local directory with its saved pre/post pro
 Each request's cameras are matched by name to the checkpoint's ``observation.images.<name>``
 input features and, with the state and the request's instruction as the task, go through
 the checkpoint's own pre-processor. Policies that need an observation history (Diffusion:
-``n_obs_steps = 2``) get the request's per-step history in their queues.
+``n_obs_steps = 2``) get the request's per-step history in their queues. A pi0-family
+checkpoint on a transformers without the openpi fork is refused up front, in one line.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import numpy as np
 import torch
 
-from arli.policies.base import BasePolicy, with_prefix
+from arli.errors import InputError
+from arli.policies.base import BasePolicy, BatchRequestError, with_prefix
 from arli.types import Observation, PolicyRequest
+
+# LeRobot 0.4.4 builds these only on huggingface's transformers fork for openpi (Gemma with
+# adaRMS conditioning, ``transformers.models.siglip.check``): on stock transformers it first
+# allocates the whole model (GBs, tens of seconds), then raises "An incorrect transformer
+# version is used"
+PI_POLICIES = ("pi0", "pi05", "pi0_fast")
+PI_TRANSFORMERS = "transformers @ git+https://github.com/huggingface/transformers.git@fix/lerobot_openpi"
+
+
+def pi_transformers_installed() -> bool:
+    """Whether the transformers installed is the fork LeRobot's pi0 / pi0.5 / pi0-FAST need."""
+    try:
+        from transformers.models.siglip import check  # noqa: PLC0415 - only the fork has it
+    except ImportError:
+        return False
+    return bool(check.check_whether_transformers_replace_is_installed_correctly())
+
+
+def require_model_dependencies(kind: str, path: str) -> None:
+    """A checkpoint whose model cannot be built with the installed packages -> one InputError
+    saying what to install (before any weights are allocated)."""
+    if kind in PI_POLICIES and not pi_transformers_installed():
+        import transformers  # noqa: PLC0415
+
+        raise InputError(f"checkpoint: {path} is a LeRobot {kind} policy, which needs huggingface's transformers "
+                         f"fork for openpi (installed: stock transformers {transformers.__version__}); install it in "
+                         f"an environment of its own, since SmolVLA needs transformers>=4.57.1: "
+                         f"pip install '{PI_TRANSFORMERS}'")
+
+
+def _require_device(device: str) -> None:
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"device: expected a device torch can use here, got {device!r} (torch "
+                         f"{torch.__version__} sees no CUDA GPU); pass device=cpu or run on the GPU machine")
+
+
+def _has_device_step(path: str) -> bool:
+    saved = os.path.join(path, "policy_preprocessor.json")
+    if not os.path.exists(saved):
+        return False
+    with open(saved, encoding="utf-8") as fh:
+        return any(step.get("registry_name") == "device_processor" for step in json.load(fh).get("steps", []))
 
 
 class LeRobotPolicyAdapter(BasePolicy):
@@ -27,11 +72,17 @@ class LeRobotPolicyAdapter(BasePolicy):
         if not os.path.exists(os.path.join(path, "config.json")):
             raise FileNotFoundError(f"no LeRobot policy at {path} (missing config.json)")
         cfg = PreTrainedConfig.from_pretrained(path)
+        require_model_dependencies(cfg.type, path)
+        _require_device(device)
         cfg.device = device
         self.cfg = cfg
         self.policy = get_policy_class(cfg.type).from_pretrained(path, config=cfg)
         self.policy.eval()
-        self.pre, self.post = make_pre_post_processors(cfg, pretrained_path=path)
+        # inputs go where the model is, not where the checkpoint was trained (its saved
+        # device step says cuda after training on a GPU)
+        over = {"preprocessor_overrides": {"device_processor": {"device": device}}} \
+            if _has_device_step(path) else {}
+        self.pre, self.post = make_pre_post_processors(cfg, pretrained_path=path, **over)
         self.task = task
         self.state_key = "observation.state"
         feats = cfg.input_features
@@ -50,6 +101,9 @@ class LeRobotPolicyAdapter(BasePolicy):
         self.n_obs_steps = int(getattr(cfg, "n_obs_steps", 1) or 1)
         # actions per chunk the policy is meant to execute (LeRobot's n_action_steps)
         self.chunk_size = int(getattr(cfg, "n_action_steps", None) or getattr(cfg, "chunk_size"))
+        # several robots' requests in one forward pass: not for policies that read a per-robot
+        # observation history from their queues (Diffusion stacks its queues even at one step)
+        self.batchable = self.n_obs_steps == 1 and cfg.type != "diffusion"
 
     def reset(self, seed: int | None = None) -> None:
         self.policy.reset()  # clears the observation history of history-based policies
@@ -126,8 +180,32 @@ class LeRobotPolicyAdapter(BasePolicy):
                                                           exclude_keys=["action"])
             self.policy._queues = populate_queues(self.policy._queues, batch, exclude_keys=["action"])
         chunk = self.policy.predict_action_chunk(batch)  # (1, >= H, m), normalised
-        actions = self.post(chunk)[0].cpu().numpy().astype(np.float32)
+        actions = self.post(chunk)[0].float().cpu().numpy()  # bfloat16 checkpoints (pi0) too
         if actions.ndim != 2 or actions.shape[1] != self.action_dim or len(actions) < self.chunk_size:
             raise ValueError(f"policy returned actions of shape {actions.shape}, expected "
                              f"(>= {self.chunk_size}, {self.action_dim})")
         return with_prefix(actions[: self.chunk_size], request.committed_prefix)
+
+    @torch.no_grad()
+    def infer_batch(self, requests: list[PolicyRequest]) -> list[np.ndarray]:
+        """B requests (several robots) -> B chunks (H, m): collated into one batch that goes
+        through the checkpoint's processors and one ``predict_action_chunk``, each row with its
+        own cameras, state and instruction. History-based policies answer one at a time."""
+        if len(requests) == 1 or not self.batchable:
+            return [self.infer(r) for r in requests]
+        rows = []
+        for b, r in enumerate(requests):
+            try:
+                rows.append(self._batch(r.observation, r.instruction or self.task))
+            except ValueError as exc:
+                raise BatchRequestError(b, str(exc)) from None
+        collated = {k: torch.cat([row[k] for row in rows]) for k in rows[0] if k != "task"}
+        collated["task"] = [row["task"] for row in rows]
+        processed = self.pre(collated)
+        batch = {k: v for k, v in processed.items() if k.startswith("observation.") or k == "task"}
+        actions = self.post(self.policy.predict_action_chunk(batch)).cpu().numpy().astype(np.float32)
+        if actions.ndim != 3 or actions.shape[0] != len(requests) or actions.shape[2] != self.action_dim \
+                or actions.shape[1] < self.chunk_size:
+            raise ValueError(f"policy returned actions of shape {actions.shape}, expected "
+                             f"({len(requests)}, >= {self.chunk_size}, {self.action_dim})")
+        return [with_prefix(actions[b, : self.chunk_size], r.committed_prefix) for b, r in enumerate(requests)]

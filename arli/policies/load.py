@@ -9,13 +9,14 @@ EXPERT = "expert"  # the scripted expert's open-loop chunks (no checkpoint neede
 
 
 def load_base_policy(path: str, task: str = "", env_name: str = "", chunk_size: int = 16,
-                     state_dim: int | None = None):
+                     state_dim: int | None = None, device: str = "cpu"):
     """``expert``, a built-in flow checkpoint, or any LeRobot policy directory -> BasePolicy.
 
     task: language instruction for LeRobot VLAs; env_name, chunk_size: for ``expert``.
     state_dim: the task's state size; a checkpoint trained for another is refused (InputError).
+    device: the torch device a LeRobot policy runs on (cpu, cuda, cuda:1).
     """
-    policy = _load(path, task, env_name, chunk_size)
+    policy = _load(path, task, env_name, chunk_size, device)
     if state_dim is not None and path != EXPERT:
         takes = _state_sizes(policy)
         if takes and state_dim not in takes:
@@ -35,7 +36,7 @@ def _state_sizes(policy) -> set[int]:
     return {int(cfg.state_dim)} if cfg is not None and hasattr(cfg, "state_dim") else set()
 
 
-def _load(path: str, task: str, env_name: str, chunk_size: int):
+def _load(path: str, task: str, env_name: str, chunk_size: int, device: str):
     if path == EXPERT:
         from sim_envs import task_name  # noqa: PLC0415
         from arli.policies.expert import ExpertChunkPolicy  # noqa: PLC0415
@@ -50,7 +51,7 @@ def _load(path: str, task: str, env_name: str, chunk_size: int):
     if kind == "arli_flow":
         from arli.policies.flow import FlowPolicy  # noqa: PLC0415
 
-        return FlowPolicy.load(path)
+        return FlowPolicy.load(path).to(device)
     from arli.policies.lerobot_adapter import LeRobotPolicyAdapter  # noqa: PLC0415
 
-    return LeRobotPolicyAdapter(path, task=task)
+    return LeRobotPolicyAdapter(path, device=device, task=task)

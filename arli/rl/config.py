@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from arli.compute import check_device
 from arli.errors import require
 
 
@@ -216,6 +217,7 @@ class RunSpec:
     test_episodes: int = 200  # final evaluation: base alone, anchored start and finetuned, same seeds
     test_seed: int = 5_000_000
     seed: int = 0
+    device: str = "auto"  # where the learner's networks and updates run: auto (CUDA if torch sees one) | cpu | cuda
     learner: LearnerConfig = field(default_factory=LearnerConfig)
 
 
@@ -233,6 +235,7 @@ class RunSpec:
 
         require(self.variant in VARIANTS, "run.variant", f"one of {VARIANTS}", self.variant)
         require(self.regime in REGIMES, "run.regime", f"one of {REGIMES}", self.regime)
+        check_device(self.device, "run.device")
         for name in ("env_steps", "eval_every", "eval_episodes", "test_episodes"):
             require(getattr(self, name) >= 1, f"run.{name}", ">= 1", getattr(self, name))
         self.check_seeds(self.tune_range(), self.test_range())

@@ -52,12 +52,15 @@ def anchor_term(action: torch.Tensor, anchor_action: torch.Tensor, weight: torch
 class ResidualLearner:
     """Owns the actor, critic, their targets and optimisers; one ``update`` = one gradient step."""
 
-    def __init__(self, cfg: LearnerConfig, state_dim: int, action_dim: int, seed: int = 0):
+    def __init__(self, cfg: LearnerConfig, state_dim: int, action_dim: int, seed: int = 0, device: str = "cpu"):
+        """``device``: where the networks and updates run (a resolved torch device). Every
+        random draw stays on the CPU generator, so a seed means the same run on any device."""
         cfg.validate()
         torch.manual_seed(seed)
         self.cfg, self.state_dim, self.action_dim = cfg, state_dim, action_dim
-        self.actor = ResidualActor(state_dim, action_dim, cfg.hidden)
-        self.critic = EnsembleCritic(state_dim, action_dim, cfg.critic_heads, cfg.critic_hidden)
+        self.device = torch.device(device)
+        self.actor = ResidualActor(state_dim, action_dim, cfg.hidden).to(self.device)
+        self.critic = EnsembleCritic(state_dim, action_dim, cfg.critic_heads, cfg.critic_hidden).to(self.device)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.actor_start = copy.deepcopy(self.actor).requires_grad_(False)  # the trust region's centre
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
@@ -76,7 +79,7 @@ class ResidualLearner:
     def candidates(self, r_pi: torch.Tensor, count: int, std: float) -> torch.Tensor:
         """Residual candidates around the actor's r_pi (B, m) -> (count, B, m): r_pi itself,
         zero (the base action) and ``count - 2`` Gaussian perturbations of r_pi."""
-        noise = torch.randn((max(count - 2, 0), *r_pi.shape), generator=self.generator) * std
+        noise = torch.randn((max(count - 2, 0), *r_pi.shape), generator=self.generator).to(r_pi.device) * std
         return torch.cat([r_pi[None], torch.zeros_like(r_pi)[None], (r_pi[None] + noise).clamp(-1, 1)])[:count]
 
     def best_candidate(self, state: torch.Tensor, base: torch.Tensor, cands: torch.Tensor) -> torch.Tensor:
@@ -111,30 +114,30 @@ class ResidualLearner:
         highest-Q of {pi(s), 0 (the base), K - 2 perturbations of pi(s)}, so the critic
         decides what runs; exploration noise is added after the choice, while training."""
         cfg = self.cfg
-        s = torch.as_tensor(state, dtype=torch.float32)[None]
+        s = torch.as_tensor(state, dtype=torch.float32, device=self.device)[None]
         r = self.actor(s)
         if cfg.gate_candidates > 1 and self.updates >= cfg.critic_warmup_updates:
-            r = self.best_candidate(s, torch.as_tensor(base, dtype=torch.float32)[None],
+            r = self.best_candidate(s, torch.as_tensor(base, dtype=torch.float32, device=self.device)[None],
                                     self.candidates(r, cfg.gate_candidates, cfg.gate_std))
         if explore:
-            r = r + cfg.exploration_std * self.exploration_noise(r.shape)
-        return compose_action(np.asarray(base, np.float32), r[0].clamp(-1.0, 1.0).numpy(), cfg.residual_scale)
+            r = r + cfg.exploration_std * self.exploration_noise(r.shape).to(self.device)
+        return compose_action(np.asarray(base, np.float32), r[0].clamp(-1.0, 1.0).cpu().numpy(), cfg.residual_scale)
 
     @torch.no_grad()
     def q_value(self, state: np.ndarray, action: np.ndarray) -> np.ndarray:
         """Mean-head Q for states (N, D) and executed actions (N, m) -> (N,)."""
-        return self.critic(torch.as_tensor(state, dtype=torch.float32),
-                           torch.as_tensor(action, dtype=torch.float32)).mean(0).numpy()
+        return self.critic(torch.as_tensor(state, dtype=torch.float32, device=self.device),
+                           torch.as_tensor(action, dtype=torch.float32, device=self.device)).mean(0).cpu().numpy()
 
     # -- learning ------------------------------------------------------------------------
     def update(self, online: ReplayBuffer, anchor: ReplayBuffer, diagnostics: bool = False) -> dict[str, float]:
         """One critic step (and every ``policy_delay``-th an actor step). ``diagnostics``
         adds per-source TD errors, gradient norms and residual magnitude to the stats."""
         cfg = self.cfg
-        b = mixed_batch(online, anchor, cfg.batch_size, cfg.anchor_ratio, self.generator)
+        b = self._to_device(mixed_batch(online, anchor, cfg.batch_size, cfg.anchor_ratio, self.generator))
         scale = cfg.residual_scale
         with torch.no_grad():
-            noise = torch.randn(b["next_base"].shape, generator=self.generator) * cfg.target_noise
+            noise = torch.randn(b["next_base"].shape, generator=self.generator).to(self.device) * cfg.target_noise
             r_next = (self.actor_target(b["next_state"])
                       + noise.clamp(-cfg.target_noise_clip, cfg.target_noise_clip)).clamp(-1, 1)
             heads = torch.randperm(cfg.critic_heads, generator=self.generator)[: cfg.critic_subset]
@@ -284,15 +287,20 @@ class ResidualLearner:
         loss = torch.zeros(())
         for _ in tqdm(range(updates), desc="anchor pretraining", unit="upd", disable=not progress,
                       mininterval=1.0):
-            b = anchor.sample(self.cfg.batch_size, self.generator)
+            b = self._to_device(anchor.sample(self.cfg.batch_size, self.generator))
             action = compose_action(b["base"], self.actor(b["state"]), self.cfg.residual_scale)
-            loss = anchor_term(action, b["action"], torch.ones(len(action)))
+            loss = anchor_term(action, b["action"], torch.ones(len(action), device=self.device))
             opt.zero_grad()
             loss.backward()
             opt.step()
         self.actor_target.load_state_dict(self.actor.state_dict())
         self.actor_start.load_state_dict(self.actor.state_dict())
         return float(loss.item())
+
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A replay batch (sampled on the CPU) on the learner's device (a no-op on the CPU)."""
+        return batch if self.device.type == "cpu" else {k: v.to(self.device, non_blocking=True)
+                                                         for k, v in batch.items()}
 
     @torch.no_grad()
     def _polyak(self, actor: bool = True) -> None:

@@ -15,11 +15,10 @@ the replies that have arrived by control step ``step`` (``arli.interfaces.Infere
 from __future__ import annotations
 
 import time
-from collections import deque
 
 import numpy as np
 
-from arli.latency import LatencyModel, to_delay_steps
+from arli.latency import LatencyModel, MeasuredLatency, to_delay_steps
 from arli.policies.base import BasePolicy
 from arli.types import ChunkReply, ChunkRequest, Observation
 
@@ -41,7 +40,7 @@ class SimInference:
         self.n_obs_steps = int(policy.n_obs_steps)
         self.initial_delay_steps = (to_delay_steps(latency.max_latency(), dt) if initial_delay_steps is None
                                     else initial_delay_steps)
-        self._recent: deque[float] = deque(maxlen=50)
+        self._planner = MeasuredLatency(dt, self.initial_delay_steps, quantile, cap_steps=self.initial_delay_steps)
         self._pending: list[tuple[int, ChunkReply]] = []
 
     def begin_episode(self, seed: int) -> None:
@@ -49,17 +48,14 @@ class SimInference:
         self._pending.clear()
 
     def next_delay(self) -> int:
-        if not self._recent:
-            return self.initial_delay_steps
-        planned = to_delay_steps(float(np.quantile(np.asarray(self._recent), self.quantile)), self.dt)
-        return min(planned, self.initial_delay_steps)
+        return self._planner.next_delay()
 
     def submit(self, request: ChunkRequest, history: list[Observation]) -> bool:
         latency_s = self.latency.sample(self.rng)
         d = to_delay_steps(latency_s, self.dt)
         actions = self.policy.infer(request.policy_request(history))
         self._pending.append((request.t0 + d, ChunkReply(request.request_id, actions, {"latency_s": d * self.dt})))
-        self._recent.append(latency_s)
+        self._planner.add(latency_s)
         return True
 
     def poll(self, step: int) -> list[ChunkReply]:

@@ -13,6 +13,7 @@ Robot drivers are never imported here (DESIGN.md §3).
 from __future__ import annotations
 
 import heapq
+import math
 import logging
 import threading
 import time
@@ -22,7 +23,7 @@ import numpy as np
 import zmq
 
 import arli
-from arli.policies.base import BasePolicy
+from arli.policies.base import BasePolicy, BatchRequestError
 from arli.transport.codec import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ProtocolError, decode, encode, error_frame
 from arli.transport.zmq_io import CurveConfig, bind_socket, stop_auth
 from arli.types import Observation, PolicyRequest
@@ -64,46 +65,111 @@ def policy_request(msg) -> PolicyRequest:
 class InferenceServer:
     def __init__(self, policy: BasePolicy, address: str, meta: dict[str, Any] | None = None,
                  min_latency_s: float = 0.0, curve: CurveConfig | None = None,
-                 max_bytes: int = MAX_MESSAGE_BYTES):
+                 max_bytes: int = MAX_MESSAGE_BYTES, max_batch: int = 8, batch_wait_s: float = 0.002):
         self.policy, self.address, self.min_latency_s, self.max_bytes = policy, address, min_latency_s, max_bytes
+        # requests waiting together are answered by one forward pass when the policy batches
+        self.max_batch = max(1, int(max_batch))
+        self.batching = self.max_batch > 1 and bool(getattr(policy, "batchable", False))
+        self.batch_wait_s = batch_wait_s
+        self._seen: dict[bytes, float] = {}  # robot identity -> when its last request arrived
         self.meta = {"chunk_size": int(policy.chunk_size), "action_dim": int(policy.action_dim),
-                     "n_obs_steps": int(policy.n_obs_steps),
+                     "n_obs_steps": int(policy.n_obs_steps), "max_batch": self.max_batch if self.batching else 1,
                      "policy": type(policy).__name__, "protocol": PROTOCOL_VERSION,
                      "arli": arli.__version__, **(meta or {})}
         self.ctx = zmq.Context()
         self.sock = bind_socket(self.ctx, zmq.ROUTER, address, curve)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self._poller = zmq.Poller()  # only to wait for a batch's other robots
+        self._poller.register(self.sock, zmq.POLLIN)
+        self._timeout_ms = -1  # the socket's receive timeout (RCVTIMEO) now
         self._due: list[tuple[float, int, bytes, bytes]] = []  # (send at, seq, identity, frame)
         self._seq = 0
-        self.stats = {"requests": 0, "errors": 0, "warnings_suppressed": 0, "clients": set()}
+        self.stats = {"requests": 0, "errors": 0, "warnings_suppressed": 0, "batches": 0, "batched_requests": 0,
+                      "clients": set()}
         self._window_start, self._logged, self._held = time.perf_counter(), 0, 0
 
-    # -- one message -------------------------------------------------------------------
+    # -- messages ----------------------------------------------------------------------
     def handle(self, frame) -> bytes:
         """Reply frame for one request (a frame, or [body, data frames...]); never raises."""
+        return self.handle_many([frame])[0][0]
+
+    def handle_many(self, frames: list) -> list[tuple[bytes, bool]]:
+        """(reply, answers an infer) for each of several requests received together; never
+        raises. Their ``infer`` requests go through one ``infer_batch`` call when the policy
+        batches (several robots, one forward pass); a bad message gets its own error reply
+        and does not hold up the others."""
         recv = time.perf_counter()
-        request_id = None
-        self.last_was_infer = False
+        replies: list[tuple[bytes, bool] | None] = [None] * len(frames)
+        pending: list[tuple[int, int, PolicyRequest]] = []  # (index, request id, request)
+        for i, frame in enumerate(frames):
+            request_id = None
+            try:
+                msg = decode(frame, self.max_bytes)
+                if msg.kind == "hello":
+                    replies[i] = (encode("hello_ok", meta=self.meta), False)
+                elif msg.kind == "ping":
+                    replies[i] = (encode("pong", sent=msg["sent"], server_time=time.time()), False)
+                elif msg.kind != "infer":
+                    raise ProtocolError("unknown_kind", f"the inference server answers hello, ping and infer, "
+                                        f"not {msg.kind!r}")
+                else:
+                    request_id = msg["request_id"]
+                    self.stats["requests"] += 1
+                    pending.append((i, request_id, policy_request(msg)))
+            except ProtocolError as exc:
+                self.stats["errors"] += 1
+                replies[i] = (error_frame(exc, request_id=request_id), request_id is not None)
+            except Exception as exc:  # a request the policy's types cannot take: say so, keep serving
+                self.stats["errors"] += 1
+                self._warn(f"bad request {request_id}: {exc}")
+                replies[i] = (error_frame("policy", f"{type(exc).__name__}: {exc}", request_id), request_id is not None)
+        batches = [pending] if self.batching and len(pending) > 1 else [[p] for p in pending]
+        for batch in batches:
+            for i, reply in self._infer(batch, recv):
+                replies[i] = (reply, True)
+        return replies
+
+    def _infer(self, batch: list[tuple[int, int, PolicyRequest]], recv: float) -> list[tuple[int, bytes]]:
+        """Replies for a batch of requests: one policy call for all of them; if that call fails,
+        each is answered alone so that the bad one gets the error and the others their chunk."""
+        start = time.perf_counter()
         try:
-            msg = decode(frame, self.max_bytes)
-            if msg.kind == "hello":
-                return encode("hello_ok", meta=self.meta)
-            if msg.kind == "ping":
-                return encode("pong", sent=msg["sent"], server_time=time.time())
-            if msg.kind != "infer":
-                raise ProtocolError("unknown_kind", f"the inference server answers hello, ping and infer, "
-                                    f"not {msg.kind!r}")
-            request_id = msg["request_id"]
-            self.last_was_infer = True
-            self.stats["requests"] += 1
-            return self._infer(msg, recv)
-        except ProtocolError as exc:
-            self.stats["errors"] += 1
-            return error_frame(exc, request_id=request_id)
+            if len(batch) > 1:
+                chunks = self.policy.infer_batch([r for _, _, r in batch])
+            else:
+                chunks = [self.policy.infer(batch[0][2])]
+        except BatchRequestError as exc:  # one robot's request does not fit: it alone gets the error
+            if len(batch) > 1 and 0 <= exc.index < len(batch):
+                rest = batch[:exc.index] + batch[exc.index + 1:]
+                return self._infer([batch[exc.index]], recv) + self._infer(rest, recv)
+            return self._policy_error(batch, exc)
         except Exception as exc:  # the policy failed on this input: say so, keep serving
-            self.stats["errors"] += 1
-            self._warn(f"policy error on request {request_id}: {exc}")
-            return error_frame("policy", f"{type(exc).__name__}: {exc}", request_id)
+            if len(batch) > 1:  # which request it was is unknown: each is answered alone
+                return [reply for one in batch for reply in self._infer([one], recv)]
+            return self._policy_error(batch, exc)
+        end = time.perf_counter()
+        out = []
+        timing = {"queue_s": start - recv, "compute_s": end - start, "server_s": end - recv, "batch": len(batch)}
+        for (i, request_id, _), chunk in zip(batch, chunks):
+            actions = np.asarray(chunk, np.float32)
+            # one reduction finds any NaN/inf (they propagate through the sum)
+            if actions.ndim != 2 or not math.isfinite(float(actions.sum())):
+                self.stats["errors"] += 1
+                why = "NaN/inf actions" if actions.ndim == 2 else f"actions of shape {actions.shape}, not (H, m)"
+                out.append((i, error_frame("policy", f"the policy produced {why}; not sent", request_id)))
+                continue
+            # checked above field by field: the schema check would only repeat it
+            out.append((i, encode("chunk", check=False, request_id=request_id, actions=actions, timing=timing)))
+        self.stats["batches"] += 1
+        self.stats["batched_requests"] += len(batch)
+        return out
+
+    def _policy_error(self, batch: list[tuple[int, int, PolicyRequest]], exc: Exception) -> list[tuple[int, bytes]]:
+        (i, request_id, _), = batch
+        self.stats["errors"] += 1
+        self._warn(f"policy error on request {request_id}: {exc}")
+        message = exc.detail if isinstance(exc, BatchRequestError) else str(exc)
+        return [(i, error_frame("policy", f"{type(exc).__name__}: {message}", request_id))]
 
     def _warn(self, line: str) -> None:
         """A warning line, at most ``WARNINGS_PER_WINDOW`` per ``WARNING_WINDOW_S``: a client that
@@ -121,16 +187,6 @@ class InferenceServer:
             self._held += 1
             self.stats["warnings_suppressed"] += 1
 
-    def _infer(self, msg, recv: float) -> bytes:
-        request = policy_request(msg)
-        start = time.perf_counter()
-        actions = np.asarray(self.policy.infer(request), np.float32)
-        end = time.perf_counter()
-        if not np.all(np.isfinite(actions)):
-            raise ProtocolError("policy", "the policy produced NaN/inf actions; not sent")
-        timing = {"queue_s": start - recv, "compute_s": end - start, "server_s": end - recv}
-        return encode("chunk", request_id=msg["request_id"], actions=actions, timing=timing)
-
     # -- serving -----------------------------------------------------------------------
     def serve(self, stop: threading.Event | None = None, max_seconds: float | None = None) -> None:
         """Serve until ``stop`` is set (or ``max_seconds`` pass)."""
@@ -146,20 +202,52 @@ class InferenceServer:
                 self._flush(now)
                 if self._due:
                     wait_ms = min(50, max(0, int((self._due[0][0] - now) * 1000)))
-            if self.sock.poll(wait_ms):
-                frames = self.sock.recv_multipart(copy=False)
-                if len(frames) < 2:
-                    continue
-                identity, payload = frames[0].bytes, [f.buffer for f in frames[1:]]
-                self.stats["clients"].add(identity)
-                recv = time.perf_counter()
-                reply = self.handle(payload)
-                due = recv + self.min_latency_s
-                if not self.last_was_infer or due <= time.perf_counter():
+            if wait_ms != self._timeout_ms:  # a blocking receive with a timeout: no poll per request
+                self.sock.setsockopt(zmq.RCVTIMEO, wait_ms)
+                self._timeout_ms = wait_ms
+            try:
+                first = self.sock.recv_multipart(copy=False)
+            except zmq.Again:
+                continue
+            identities, payloads = self._receive_batch(first)
+            if not payloads:
+                continue
+            self.stats["clients"].update(identities)
+            recv = time.perf_counter()
+            due = recv + self.min_latency_s
+            for identity, (reply, is_infer) in zip(identities, self.handle_many(payloads)):
+                if not is_infer or due <= time.perf_counter():
                     self.sock.send_multipart([identity, reply])
                 else:
                     heapq.heappush(self._due, (due, self._seq, identity, reply))
                     self._seq += 1
+
+    def _receive_batch(self, frames: list) -> tuple[list[bytes], list]:
+        """Every request already waiting (up to ``max_batch``), and, when batching, those of the
+        other robots active in the last second for up to ``batch_wait_s`` more: robots that
+        were answered together re-send a moment apart, and without the wait a fleet splits
+        into half-size batches for good."""
+        identities, payloads = [], []
+        deadline = None
+        while True:
+            now = time.perf_counter()
+            if len(frames) >= 2:
+                identities.append(frames[0].bytes)
+                payloads.append([f.buffer for f in frames[1:]])
+                self._seen[identities[-1]] = now
+            if len(payloads) >= self.max_batch:
+                break
+            if not self.sock.get(zmq.EVENTS) & zmq.POLLIN:
+                if not self.batching:
+                    break
+                waiting_for = [i for i, t in self._seen.items() if now - t < 1.0 and i not in identities]
+                deadline = deadline or now + self.batch_wait_s
+                if not waiting_for or now >= deadline or not self._poller.poll(max(0.0, deadline - now) * 1000):
+                    break
+            frames = self.sock.recv_multipart(copy=False)
+        if len(self._seen) > 4 * self.max_batch + 64:  # forget robots gone for good
+            self._seen = {i: t for i, t in self._seen.items() if now - t < 1.0}
+        return identities, payloads
 
     def _flush(self, now: float) -> None:
         while self._due and self._due[0][0] <= now:

@@ -8,15 +8,13 @@ writes them in the format ``latency.kind=trace`` replays in sim).
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
-from collections import deque
 
 import numpy as np
 import zmq
 
+from arli.latency import MeasuredLatency, PlansFromMeasured
 from arli.transport.codec import MAX_MESSAGE_BYTES, ProtocolError, decode, encode, encode_frames
 from arli.transport.zmq_io import ConnectionMonitor, CurveConfig, connect_socket
 from arli.types import ChunkReply, ChunkRequest, Observation
@@ -28,7 +26,7 @@ class ServerError(RuntimeError):
     """The server answered with an error (``code``: see codec.ERROR_CODES)."""
 
 
-class RemoteInference:
+class RemoteInference(PlansFromMeasured):
     """DEALER client. ``dt``: control period, to turn latencies into delay steps.
 
     ``initial_delay_steps``: the delay assumed before any reply has been measured; after
@@ -43,14 +41,11 @@ class RemoteInference:
         self.ctx = zmq.Context.instance()
         self.sock = connect_socket(self.ctx, zmq.DEALER, address, curve)
         self.monitor = ConnectionMonitor(self.sock)
-        self.initial_delay_steps = initial_delay_steps
+        self.measured = MeasuredLatency(dt, initial_delay_steps, quantile)
         self.meta: dict = {}
         self.chunk_size = self.action_dim = 0
         self.n_obs_steps = 1
-        self.latencies: list[float] = []  # seconds, every landed reply
-        self.records: list[dict] = []
         self.errors: list[str] = []
-        self._recent: deque[float] = deque(maxlen=50)
         self._sent: dict[int, tuple[float, float]] = {}  # request id -> (capture ts, send ts)
         self._episode = 0
         self._inbox: list[tuple[float, bytes]] = []
@@ -98,12 +93,6 @@ class RemoteInference:
     def begin_episode(self, seed: int) -> None:
         self._episode = seed
         self._sent.clear()
-
-    def next_delay(self) -> int:
-        if not self._recent:
-            return self.initial_delay_steps
-        q = float(np.quantile(np.asarray(self._recent), self.quantile))
-        return int(math.ceil(q / self.dt - 1e-9))
 
     def submit(self, request: ChunkRequest, history: list[Observation]) -> bool:
         obs = request.observation
@@ -160,16 +149,9 @@ class RemoteInference:
             timing = {k: float(v) for k, v in msg["timing"].items() if isinstance(v, (int, float))}
             latency = now - capture
             record = {"latency_s": latency, "rtt_s": now - send, **timing}
-            self._recent.append(latency)
-            self.latencies.append(latency)
-            self.records.append(record)
+            self.measured.add(latency, record)
             out.append(ChunkReply(msg["request_id"], np.array(msg["actions"], np.float32), record))
         return out
-
-    def save_trace(self, path: str) -> None:
-        """Measured latencies (s) as a JSON list: replay them with latency.kind=trace."""
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump([round(x, 6) for x in self.latencies], fh)
 
     def close(self) -> None:
         self.monitor.close()

@@ -1,0 +1,274 @@
+"""``arli bench critic 'runs=[<run dir>, ...]'``: does a finetune run's critic rank actions?
+
+From states the run's residual visits (and states the scripted expert visits, as its
+demonstrations do), the whole sim episode — MuJoCo state, scheduler, requests in flight,
+the base's sampling generator — is copied, and K candidate residuals are tried from it: the
+residual's own ``r(s)``, zero (the base alone), the expert projected into the bound, and
+``perturbations`` random moves of ``r(s)``. Each candidate runs for one step and the run's
+residual continues (deterministic) to the episode's end: the discounted return is a
+Monte-Carlo Q(s, a). The critic's mean-head Q(s, a) of the same candidates is then judged by
+pairwise ranking accuracy (pairs whose returns differ), Spearman correlation per state,
+top-1 (is its favourite the best?) and calibration, per state source and task phase.
+
+Several runs made at different learner settings (heads, width, UTD, warm-up, gamma, n)
+are judged on their own states, each with its settings. Sim state restore is a diagnostic
+only: no learner uses it (a robot cannot restore a state).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import numpy as np
+from tqdm import tqdm
+
+from arli.bench.common import figure, machine_info, publish
+from arli.config import BenchCriticConfig
+from arli.interfaces import StepController
+from arli.types import Observation, StepInfo
+
+PHASES = ("early", "middle", "late")  # thirds of the episode's step limit
+
+
+class FirstStepForced(StepController):
+    """Executes candidate ``pick(s, b, obs)`` (residual units, (m,)) at its first step and
+    records (s, a); afterwards ``inner`` acts. Sums the discounted reward from that step on."""
+
+    def __init__(self, inner, builder, scale: float, gamma: float, pick):
+        self.inner, self.builder, self.scale, self.gamma, self.pick = inner, builder, scale, gamma, pick
+        self.first: tuple[np.ndarray, np.ndarray] | None = None  # (ARLI state (D,), executed action (m,))
+        self.ret, self.k = 0.0, 0
+
+    def begin_episode(self) -> None:
+        self.inner.begin_episode()
+
+    def act(self, t: int, obs: Observation, info: StepInfo) -> np.ndarray:
+        if self.first is not None:
+            return self.inner.act(t, obs, info)
+        state = self.builder.build(obs.state, info)
+        base = np.asarray(info.base_action, np.float32)
+        r = np.clip(self.pick(state, base, obs), -1.0, 1.0)
+        action = np.clip(base + self.scale * r, -1.0, 1.0).astype(np.float32)
+        self.first = (state, action)
+        return action
+
+    def after_step(self, t: int, reward: float, terminated: bool, truncated: bool) -> None:
+        self.ret += self.gamma ** self.k * float(reward)
+        self.k += 1
+        if self.k > 1:
+            self.inner.after_step(t, reward, terminated, truncated)
+
+    def end(self, obs, info, terminated: bool, truncated: bool) -> None:
+        self.inner.end(obs, info, terminated, truncated)
+
+
+def _candidates(ft, perturbations: int, sigma: float, rng: np.random.Generator) -> dict:
+    """Candidate rules name -> pick(s, b, obs) -> r (m,): the residual, the base, the expert
+    projected into the bound, and fixed random moves of the residual (one draw per state)."""
+    learner, scale = ft.learner, ft.spec.learner.residual_scale
+
+    def policy(s, b, obs):
+        return (learner.act(s, b, explore=False) - b) / scale
+
+    picks = {"residual": policy, "base": lambda s, b, obs: np.zeros_like(b)}
+    if ft.expert is not None:
+        picks["expert"] = lambda s, b, obs: (np.asarray(ft.expert(obs.state), np.float32) - b) / scale
+    m = ft.env.action_space.shape[0]
+    for k in range(perturbations):
+        u = rng.standard_normal(m)
+        u *= sigma / max(np.linalg.norm(u), 1e-9) * np.sqrt(m)  # sigma per entry, on average
+        picks[f"perturbed_{k}"] = (lambda du: lambda s, b, obs: policy(s, b, obs) + du)(u.astype(np.float32))
+    return picks
+
+
+def _snapshots(ft, source: str, seeds: list[int], every: int, limit: int) -> list[tuple]:
+    """(episode copy before step t, t, seed) every ``every`` steps of roll-ins driven by the
+    run's residual (``policy``) or by the scripted expert (``expert``)."""
+    from arli.bench.ceiling import ProjectedExpert  # noqa: PLC0415
+    from arli.rollout import sim_episode  # noqa: PLC0415
+
+    memo_keep = (ft.base, ft.learner, ft.builder, ft.expert)
+    out = []
+    for seed in seeds:
+        ctl = ft.evaluation_controller() if source == "policy" else \
+            ProjectedExpert(ft.expert, 2.0, grip_authority=True)  # bound 2 covers [-1, 1]: the expert itself
+        episode = sim_episode(ft.env, ft.base, ft.scheduler, ft.latency, np.random.default_rng(seed), seed, ctl)
+        while not episode.done and len(out) < limit:
+            if episode.t % every == 0 and episode.t > 0:
+                gen = getattr(ft.base, "_gen", None)
+                out.append((_copy(episode, memo_keep), episode.t, seed,
+                            None if gen is None else gen.get_state()))
+            episode.step()
+        episode.finish()
+        if len(out) >= limit:
+            break
+    return out
+
+
+def _copy(episode, keep):
+    return copy.deepcopy(episode, {id(x): x for x in keep if x is not None})
+
+
+def monte_carlo(ft, snapshot, picks: dict, gamma: float) -> dict:
+    """Every candidate from one snapshot: its MC return and the critic's Q of it."""
+    episode0, t, seed, gen_state = snapshot
+    scale = ft.spec.learner.residual_scale
+    rows = {}
+    for name, pick in picks.items():
+        episode = _copy(episode0, (ft.base, ft.learner, ft.builder, ft.expert))
+        if gen_state is not None:  # common random numbers: every candidate sees the base's same noise
+            ft.base._gen.set_state(gen_state)
+        inner = ft.evaluation_controller()
+        inner.begin_episode()
+        forced = FirstStepForced(inner, ft.builder, scale, gamma, pick)
+        episode.ctl = forced
+        while not episode.done:
+            episode.step()
+        episode.finish()
+        state, action = forced.first
+        rows[name] = {"mc": forced.ret, "q": float(ft.learner.q_value(state[None], action[None])[0]),
+                      "action": action}
+    return rows
+
+
+def ranking(states: list[dict], tol: float = 1e-6) -> dict:
+    """Pairwise accuracy, Spearman, top-1 and calibration over states (each: name -> {mc, q});
+    95% bootstrap interval of the pairwise accuracy over states."""
+    correct, total, per_state, spear, top1, q_all, g_all = 0, 0, [], [], [], [], []
+    for st in states:
+        g = np.array([v["mc"] for v in st.values()])
+        q = np.array([v["q"] for v in st.values()])
+        q_all += list(q)
+        g_all += list(g)
+        c = n = 0
+        for i in range(len(g)):
+            for j in range(i + 1, len(g)):
+                if abs(g[i] - g[j]) > tol:
+                    n += 1
+                    c += int(np.sign(q[i] - q[j]) == np.sign(g[i] - g[j]))
+        correct, total = correct + c, total + n
+        if n:
+            per_state.append((c, n))
+            rg, rq = np.argsort(np.argsort(g)), np.argsort(np.argsort(q))
+            spear.append(float(np.corrcoef(rg, rq)[0, 1]) if np.std(rq) > 0 else 0.0)
+            top1.append(float(g[int(np.argmax(q))] >= g.max() - tol))
+    out = {"states": len(states), "states_with_ranked_pairs": len(per_state), "pairs": total,
+           "pairwise_accuracy": correct / total if total else None,
+           "spearman": float(np.mean(spear)) if spear else None, "top1": float(np.mean(top1)) if top1 else None,
+           "q_mean": float(np.mean(q_all)) if q_all else None, "mc_mean": float(np.mean(g_all)) if g_all else None,
+           "q_mc_corr": float(np.corrcoef(q_all, g_all)[0, 1]) if len(q_all) > 2 and np.std(g_all) > 0 else None}
+    if per_state:
+        rng = np.random.default_rng(0)
+        cs, ns = np.array(per_state).T
+        boots = []
+        for _ in range(2000):
+            idx = rng.integers(0, len(cs), len(cs))
+            boots.append(cs[idx].sum() / ns[idx].sum())
+        out["pairwise_accuracy_ci95"] = [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))]
+    return out
+
+
+def judge_run(run_dir: str, cfg: BenchCriticConfig, bar) -> dict:
+    from arli.runs import load_run_config, make_finetuner  # noqa: PLC0415
+
+    run_cfg = load_run_config(run_dir)
+    ft, name, delay = make_finetuner(run_cfg)
+    ft.load(os.path.join(run_dir, "checkpoint"))
+    spec, lc = run_cfg.run, run_cfg.run.learner
+    seed_base = spec.tune_seed if cfg.seed_base is None else cfg.seed_base
+    seeds = list(range(seed_base, seed_base + cfg.episodes))
+    rng = np.random.default_rng(cfg.seed)
+    sources = ["policy"] + (["expert"] if ft.expert is not None else [])
+    T = ft.env.unwrapped.max_episode_steps
+    states = []
+    for source in sources:
+        for snap in _snapshots(ft, source, seeds, cfg.every, cfg.states):
+            rows = monte_carlo(ft, snap, _candidates(ft, cfg.perturbations, cfg.perturb_scale, rng), lc.gamma)
+            phase = PHASES[min(int(3 * snap[1] / T), 2)]
+            states.append({"source": source, "phase": phase, "t": snap[1], "seed": snap[2],
+                           "candidates": {k: {"mc": v["mc"], "q": v["q"]} for k, v in rows.items()}})
+            bar.update(1)
+    cands = [s["candidates"] for s in states]
+    by = {"source": {}, "phase": {}}
+    for key, values in (("source", sources), ("phase", PHASES)):
+        for v in values:
+            chosen = [s["candidates"] for s in states if s[key] == v]
+            if chosen:
+                by[key][v] = ranking(chosen)
+    per_candidate = {k: {"mc_mean": float(np.mean([c[k]["mc"] for c in cands])),
+                         "q_mean": float(np.mean([c[k]["q"] for c in cands]))} for k in cands[0]} if cands else {}
+    return {"run": run_dir, "env": name, "delay_steps": delay, "variant": spec.variant, "env_steps": ft.env_steps,
+            "settings": {"critic_heads": lc.critic_heads, "critic_hidden": lc.critic_hidden, "utd": lc.utd,
+                         "critic_warmup_updates": lc.critic_warmup_updates, "gamma": lc.gamma, "n_step": lc.n_step,
+                         "exploration_std": lc.exploration_std, "actor_update": lc.actor_update},
+            "seeds": {"split": "tune" if cfg.seed_base is None else "given", "seed_base": seed_base,
+                      "episodes": cfg.episodes},
+            "overall": ranking(cands), "by_source": by["source"], "by_phase": by["phase"],
+            "by_candidate": per_candidate, "states": states}
+
+
+def _fmt(x, spec=".2f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def main(cfg: BenchCriticConfig) -> int:
+    import torch  # noqa: PLC0415
+
+    from arli.errors import ConfigError  # noqa: PLC0415
+
+    if not cfg.runs:
+        raise ConfigError("runs: expected at least one `arli finetune` run directory, e.g. "
+                          "'runs=[outputs/finetune_peg_insert_arli_d8_<time>]'")
+    torch.set_num_threads(1)
+    sources = 2  # at most: the residual's states and the expert's
+    with tqdm(total=len(cfg.runs) * sources * cfg.states, desc="states", unit="state", mininterval=1.0) as bar:
+        results = [judge_run(run, cfg, bar) for run in cfg.runs]
+    name = cfg.name or f"critic_{results[0]['env']}"
+    payload = {"runs": results, "every": cfg.every, "perturbations": cfg.perturbations,
+               "perturb_scale": cfg.perturb_scale, "machine": machine_info()}
+    os.makedirs(cfg.report_dir, exist_ok=True)
+    with figure(os.path.join(cfg.report_dir, f"{name}.png"), figsize=(5.5, 4.5)) as ax:
+        for res in results:
+            for kind, marker in (("residual", "o"), ("base", "s"), ("expert", "^"), ("perturbed", ".")):
+                pts = [(c["mc"], c["q"]) for s in res["states"] for k, c in s["candidates"].items()
+                       if k.startswith(kind)]
+                if pts:
+                    g, q = np.array(pts).T
+                    ax.scatter(g, q, s=12, marker=marker, alpha=0.6, label=f"{kind}")
+        ax.plot([0, 1], [0, 1], color="grey", lw=0.6, ls=":")
+        ax.set_xlabel("Monte-Carlo return from (s, a)")
+        ax.set_ylabel("critic Q(s, a) (mean of heads)")
+        ax.legend(fontsize=7)
+    md = ["# Critic diagnostics: does the critic rank actions?", "",
+          f"`arli bench critic 'runs=[...]'` — from states the run's residual visits and states the scripted "
+          f"expert visits (a state every {cfg.every} steps of {cfg.episodes} roll-in episodes per source, at most "
+          f"{cfg.states} per source), each candidate (the residual r(s), the base, the expert projected into the "
+          f"bound, {cfg.perturbations} moves of r(s) of {cfg.perturb_scale} residual units) runs one step from a "
+          "copy of the whole sim episode, then the run's residual continues: the discounted return is a "
+          "Monte-Carlo Q. Pairwise accuracy counts pairs of candidates whose returns differ (chance: 0.5).", "",
+          "| run | heads × width | UTD | warm-up | γ | n | states (ranked) | pairwise acc. [95% CI] | Spearman | "
+          "top-1 | mean Q | mean MC |", "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+    for r in results:
+        o, s = r["overall"], r["settings"]
+        ci = o.get("pairwise_accuracy_ci95")
+        md.append(f"| `{r['run']}` ({r['variant']}, d={r['delay_steps']}, {r['env_steps']} steps) | "
+                  f"{s['critic_heads']} × {s['critic_hidden']} | {s['utd']} | {s['critic_warmup_updates']} | "
+                  f"{s['gamma']} | {s['n_step']} | {o['states']} ({o['states_with_ranked_pairs']}) | "
+                  f"{_fmt(o['pairwise_accuracy'])} " + (f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") +
+                  f" | {_fmt(o['spearman'])} | {_fmt(o['top1'])} | {_fmt(o['q_mean'], '.3f')} | "
+                  f"{_fmt(o['mc_mean'], '.3f')} |")
+    for r in results:
+        md += ["", f"## `{r['run']}`", "", "| slice | states (ranked) | pairs | pairwise acc. [95% CI] | Spearman | "
+               "top-1 |", "|---|---:|---:|---|---:|---:|"]
+        for key in ("by_source", "by_phase"):
+            for v, o in r[key].items():
+                ci = o.get("pairwise_accuracy_ci95")
+                md.append(f"| {key[3:]} = {v} | {o['states']} ({o['states_with_ranked_pairs']}) | {o['pairs']} | "
+                          f"{_fmt(o['pairwise_accuracy'])} " + (f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") +
+                          f" | {_fmt(o['spearman'])} | {_fmt(o['top1'])} |")
+        md += ["", "| candidate | mean MC return | mean Q |", "|---|---:|---:|"]
+        md += [f"| {k} | {v['mc_mean']:.3f} | {v['q_mean']:.3f} |" for k, v in r["by_candidate"].items()]
+    md += ["", f"![Q vs Monte-Carlo return]({name}.png)", "", f"Machine: {machine_info()}", ""]
+    return publish(cfg.report_dir, name, payload, md, slice(6, 8 + len(results)),
+                   {r["run"]: r["overall"]["pairwise_accuracy"] for r in results} if cfg.json else None)

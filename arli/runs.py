@@ -1,0 +1,85 @@
+"""A finetuning run from its config: the ``Finetuner`` a config describes (base policy trained
+first if missing), and the config a run saved. Used by ``arli finetune``, ``eval``, ``record``,
+``learner`` and the benchmarks that judge a run."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from arli.config import ConfigError, FinetuneConfig, validate
+from arli.latency import FixedLatency, latency_from_config, to_delay_steps
+from sim_envs import make_env, task_name
+from sim_envs.experts import EXPERTS
+
+
+def make_finetuner(cfg: FinetuneConfig, render: bool = False):
+    """The run's Finetuner (base policy trained first if missing) -> (ft, task name, delay).
+    ``render``: every observation carries ``cfg.env.cameras`` at ``cfg.env.image_size``
+    (training itself runs on state only)."""
+    from arli.finetune import Finetuner  # noqa: PLC0415
+    from arli.policies.load import load_base_policy  # noqa: PLC0415
+    from arli.pretrain import ensure_base_policy  # noqa: PLC0415 - torch
+
+    name = task_name(cfg.env.name)
+    if getattr(cfg, "robot", "sim") == "franka":  # only the learner service's config drives a robot
+        return _real_robot_finetuner(cfg, name)
+    if name not in EXPERTS and (cfg.run.anchor_episodes or cfg.run.regime == "hil"):
+        raise ConfigError(f"env.name: {name} has no scripted expert for demonstrations or interventions; "
+                          "set run.anchor_episodes=0 run.regime=rl")
+    # cameras rendered for a recording do not make a missing base an image policy
+    ensure_base_policy(cfg.checkpoint, cfg.pretrain, replace(cfg.env, image_size=0) if render else cfg.env)
+    env = make_env(name, dt=cfg.env.dt, max_episode_steps=cfg.env.max_episode_steps,
+                   **(cfg.env.render_kwargs() if render else {}))
+    base = load_base_policy(cfg.checkpoint, env.unwrapped.instruction, name,
+                            cfg.pretrain.policy.chunk_size, state_dim=env.observation_space["state"].shape[0])
+    latency = (FixedLatency(cfg.delay_steps * cfg.env.dt) if cfg.delay_steps is not None
+               else latency_from_config(cfg.latency))
+    delay = to_delay_steps(latency.max_latency(), cfg.env.dt)
+    model = getattr(base, "model", None)  # built-in policy: reuse its state normalisation
+    mean = model.state_mean.numpy() if model is not None else None
+    std = model.state_std.numpy() if model is not None else None
+    return Finetuner(cfg.run, env, base, EXPERTS.get(name), latency, mean, std, cfg.chunking), name, delay
+
+
+def load_run_config(run_dir: str) -> FinetuneConfig:
+    """The finetune config a run saved (``<run>/config.yaml``), validated as at its start."""
+    path = os.path.join(run_dir, "config.yaml")
+    if not run_dir or not os.path.exists(path):
+        raise ConfigError(f"run: no finetune run at {run_dir} (missing config.yaml); pass an `arli finetune` "
+                          "output directory")
+    try:
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(FinetuneConfig), OmegaConf.load(path)))
+    except OmegaConfBaseException as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise ConfigError(f"run: {path} does not fit this ARLI's finetune config ({first}); evaluate it with "
+                          "the version that wrote it, or rerun it") from None
+    validate(cfg)
+    return cfg
+
+
+def _real_robot_finetuner(cfg, name: str):
+    """The learner of a real arm: the residual state from proprioception (``ProprioOnly``),
+    the chunk size of the served policy, no base policy, demos or sim evaluation here."""
+    from arli.finetune import Finetuner  # noqa: PLC0415
+    from arli.policies.base import BasePolicy  # noqa: PLC0415
+    from sim_envs.base import ProprioOnly  # noqa: PLC0415
+
+    class ServedElsewhere(BasePolicy):
+        def __init__(self, chunk_size: int, action_dim: int):
+            self.chunk_size, self.action_dim = chunk_size, action_dim
+
+        def infer(self, request):
+            raise RuntimeError("the learner of a real robot has no base policy: chunks come from `arli serve` "
+                               "to the robot; there is no evaluation in sim")
+
+    env = ProprioOnly(make_env(name, dt=cfg.env.dt, max_episode_steps=cfg.env.max_episode_steps))
+    base = ServedElsewhere(cfg.chunk_size, env.action_space.shape[0])
+    # the scheduler's planned delay, from the same latency settings as a sim run
+    latency = (FixedLatency(cfg.delay_steps * cfg.env.dt) if cfg.delay_steps is not None
+               else latency_from_config(cfg.latency))
+    delay = to_delay_steps(latency.max_latency(), cfg.env.dt)
+    return Finetuner(cfg.run, env, base, None, latency, chunking=cfg.chunking), name, delay

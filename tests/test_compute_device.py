@@ -1,0 +1,63 @@
+"""``device=auto|cpu|cuda`` of ``arli serve`` and the learner (``run.device``): auto picks
+CUDA only when torch sees it, cuda without a GPU is refused in one line, and a learner on a
+resolved CPU device learns exactly as before (this machine has no GPU: CUDA itself is not
+exercised here)."""
+
+import numpy as np
+import pytest
+import torch
+
+from arli.compute import check_device, resolve_device
+from arli.errors import ConfigError
+
+
+def test_auto_is_cuda_only_when_torch_sees_a_gpu():
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu") == "cpu"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this checks the refusal on a machine without CUDA")
+def test_cuda_without_a_gpu_is_refused_saying_what_to_use():
+    with pytest.raises(ConfigError, match=r"device=cuda, but torch .* sees no CUDA device.*use device=auto or device=cpu"):
+        resolve_device("cuda")
+    with pytest.raises(ConfigError, match=r"run.device=cuda:1"):
+        resolve_device("cuda:1", "run.device")
+
+
+@pytest.mark.parametrize("bad", ["gpu", "cuda:x", "cpu:0", "", "auto:1"])
+def test_bad_device_names_are_refused(bad):
+    with pytest.raises(ConfigError, match="expected auto, cpu, cuda or cuda:<index>"):
+        check_device(bad)
+
+
+def test_config_fields_are_checked_at_start_up():
+    from arli.cli import compose
+
+    with pytest.raises(ConfigError, match="device: expected auto, cpu, cuda"):
+        compose("serve", ["device=gpu"])
+    with pytest.raises(ConfigError, match="run.device: expected auto, cpu, cuda"):
+        compose("finetune", ["run.device=tpu"])
+    assert compose("serve", []).device == "auto" and compose("learner", []).run.device == "auto"
+
+
+def test_a_learner_on_the_resolved_device_learns_as_on_the_cpu():
+    """The same seed on ``device=auto`` (here the CPU) and ``cpu`` gives identical updates."""
+    from arli.rl.config import LearnerConfig
+    from arli.rl.learner import ResidualLearner
+    from arli.rl.replay import ReplayBuffer
+    from arli.types import Transition
+
+    def run(device):
+        cfg = LearnerConfig(batch_size=32, critic_warmup_updates=2)
+        learner = ResidualLearner(cfg, 6, 2, seed=3, device=resolve_device(device))
+        g = np.random.default_rng(0)
+        online, anchor = ReplayBuffer(500, 6, 2), ReplayBuffer(500, 6, 2)
+        for buf in (online, anchor):
+            for _ in range(200):
+                buf.add(Transition(g.standard_normal(6), g.uniform(-1, 1, 2), g.uniform(-1, 1, 2),
+                                   float(g.random() < 0.1), g.standard_normal(6), g.uniform(-1, 1, 2), 0.99))
+        losses = [learner.update(online, anchor)["critic_loss"] for _ in range(10)]
+        return losses, learner.act(np.zeros(6, np.float32), np.zeros(2, np.float32), explore=False)
+
+    (a, act_a), (b, act_b) = run("auto"), run("cpu")
+    assert a == b and np.array_equal(act_a, act_b) and a[-1] != a[0]
