@@ -131,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     from arli.config import ConfigError  # noqa: PLC0415
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if not os.environ.get("DISPLAY"):  # no screen: MuJoCo renders headless (videos, camera demos)
+        os.environ.setdefault("MUJOCO_GL", "egl")
     if argv is None:  # the console script, not a test calling main(): quiet third-party noise
         _quiet_warnings()
     if not args or args[0] in ("-h", "--help", "help"):

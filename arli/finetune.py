@@ -20,6 +20,7 @@ from arli.rl.config import TRAIN_SEED_BASE, InterventionSpec, RunSpec, q_floor
 from arli.rl.learner import LearnerDiverged, ResidualLearner
 from arli.rl.replay import ReplayBuffer
 from arli.rl.trainer import Trainer
+from arli.timing import TimeBudget
 from arli.rl.transitions import TransitionBuilder
 from arli.rollout import evaluate_policy, sim_episode
 from arli.runtime.acting import ResidualController
@@ -83,6 +84,10 @@ class Finetuner:
         self.controller = ResidualController(
             self.learner, self.builder, train=True, transitions=self._nstep(penalty),
             intervention=online_intervener, rng=np.random.default_rng(spec.seed + 1))
+        # where the training time goes (counted only inside the training episodes' steps)
+        self.time_budget = TimeBudget()
+        self.time_budget.wrap(base_policy, "infer", "base_inference")
+        self.time_budget.wrap(self.learner, "act", "residual_acting")
         self.episode = 0
         self.history: list[dict] = []
         self.successes: list[bool] = []  # every training episode (assisted or not)
@@ -162,14 +167,18 @@ class Finetuner:
         bar = tqdm(total=target, initial=trainer.env_steps, desc=f"finetune {self.spec.variant}",
                    unit="step", disable=not progress, mininterval=1.0)
         start = time.time()
+        clock = self.time_budget
         while trainer.env_steps < target:
             before, intervened_before = trainer.env_steps, ctl.intervened_steps
             episode = self._episode(ctl)
+            clock.wrap(episode.driver, "act", "physics")  # this episode's robot: the env's step
             try:
                 while not episode.done:
-                    executed = episode.step()  # observe, schedule, act (residual or intervener), execute
-                    trainer.ingest(ctl.take_transitions(), env_steps=int(executed))  # the n-step ones now complete
-                    trainer.run_owed()  # learner.utd updates per step once learn_after rows are in
+                    with clock.part("control_steps", on=True):
+                        executed = episode.step()  # observe, schedule, act (residual or intervener), execute
+                    with clock.part("learner_updates"):
+                        trainer.ingest(ctl.take_transitions(), env_steps=int(executed))  # n-step ones complete
+                        trainer.run_owed()  # learner.utd updates per step once learn_after rows are in
                 result = episode.finish()
                 trainer.ingest(ctl.take_transitions(), env_steps=0)  # the episode's last transitions
             except LearnerDiverged as exc:
@@ -184,12 +193,22 @@ class Finetuner:
             bar.update(trainer.env_steps - before)
             self._log_episode(bar, writer)
             if trainer.env_steps >= next_eval or trainer.env_steps >= target:
-                self._evaluate_and_log(writer, start)
+                with clock.part("evaluation"):
+                    self._evaluate_and_log(writer, start)
                 if checkpoint_dir:
-                    self.save(checkpoint_dir)
+                    with clock.part("checkpoints"):
+                        self.save(checkpoint_dir)
                 next_eval += self.spec.eval_every
         bar.close()
         return self.history
+
+    def time_breakdown(self) -> dict[str, float]:
+        """Seconds of ``train`` so far: inside the training episodes' control steps, physics
+        (the driver's act: the env's step), base inference (the policy's chunks), residual acting and the rest
+        of the loop (scheduler, ARLI state, bookkeeping); then learner updates, the learning
+        curve's evaluations and checkpoints."""
+        return self.time_budget.report(("physics", "base_inference", "residual_acting"), "control_steps",
+                                       "loop_other")
 
     def _log_episode(self, bar, writer) -> None:
         stats, steps = self.trainer.last_stats, self.trainer.env_steps

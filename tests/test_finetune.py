@@ -97,7 +97,8 @@ def test_finetune_entry_point_writes_a_consistent_run(tmp_path):
         [sys.executable, "-m", "arli.cli", "finetune", "env=pick_cube", "checkpoint=expert",
          "delay_steps=4", "run.env_steps=600", "run.eval_every=300", "run.eval_episodes=2", "run.test_episodes=3",
          "run.anchor_episodes=3", "run.learn_after=100", "run.learner.hidden=32", "run.learner.critic_hidden=32",
-         "run.learner.critic_warmup_updates=50", "run.learner.pretrain_updates=50", f"output_dir={out}"],
+         "run.learner.critic_warmup_updates=50", "run.learner.pretrain_updates=50", "videos=1", "video_size=32",
+         f"output_dir={out}"],
         capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -112,6 +113,15 @@ def test_finetune_entry_point_writes_a_consistent_run(tmp_path):
         assert lo <= summary[key] <= hi
     assert set(report["gains"]) == {"final-start", "final-base", "start-base"}
     assert summary["env_steps_per_s"] > 0 and summary["updates_per_s"] > 0
+    # where the training time went: every part measured, none negative, the loop's rest included
+    parts = summary["train_time_s"]
+    assert set(parts) == {"physics", "base_inference", "residual_acting", "loop_other", "learner_updates",
+                          "evaluation", "checkpoints"} and min(parts.values()) >= 0 and parts["physics"] > 0
+    # one test seed rendered, base alone against base + residual, outcomes those of the evaluation
+    (video,) = summary["videos"]
+    assert video["seed"] == 5_000_000 and os.path.exists(video["path"]) and video["cameras"] == ["front", "wrist"]
+    assert video["success"] == {"base alone": bool(report["outcomes"]["base"][0]),
+                                "base + arli residual": bool(report["outcomes"]["final"][0])}
     # `arli eval` reproduces the final evaluation from the saved run, and takes any seed range
     again = subprocess.run([sys.executable, "-m", "arli.cli", "eval", f"run={out}", "episodes=3"],
                            capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})

@@ -66,8 +66,13 @@ def run_videos(cfg: FinetuneConfig, ft, name: str, out_dir: str, episodes: int, 
     controllers = {"base alone": None, f"base + {cfg.run.variant} residual": ft.evaluation_controller()}
     seeds = list(cfg.run.test_range())[:episodes]
     print(f"rollout videos of test seeds {seeds} ({', '.join(CAMERAS)} cameras) -> {out_dir}/videos/")
-    return write_run_videos(render_env, ft.base, ft.chunking, ft.latency, controllers, seeds, out_dir, writer,
-                            ft.env_steps)
+    try:
+        return write_run_videos(render_env, ft.base, ft.chunking, ft.latency, controllers, seeds, out_dir, writer,
+                                ft.env_steps)
+    except Exception as exc:  # rendering needs an OpenGL context; the run's results do not
+        print(f"arli: no rollout videos ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+              "headless machines render with MUJOCO_GL=egl (or osmesa); `videos=0` skips them", file=sys.stderr)
+        return []
 
 
 def test_report(run, split: dict, outcomes: dict[str, list[bool]]) -> dict:
@@ -129,8 +134,7 @@ def main(cfg: FinetuneConfig) -> int:
     ft.save(os.path.join(run_dir, "checkpoint"))
     final = ft.evaluate_test()
     writer.add_scalar("eval/final_success", final["success"], ft.env_steps)
-    videos = run_videos(cfg, ft, name, run_dir, cfg.videos, writer)
-    writer.close()
+    writer.flush()
     outcomes = {"base": base_eval["outcomes"], "final": final["outcomes"]}
     if anchor_eval is not None:
         outcomes["start"] = anchor_eval["outcomes"]
@@ -155,11 +159,18 @@ def main(cfg: FinetuneConfig) -> int:
                                                                  "episodes": spec.eval_episodes},
         "env_steps_per_s": round((ft.env_steps - steps_before) / max(train_s, 1e-9), 1),
         "updates_per_s": round((ft.learner.updates - updates_before) / max(train_s, 1e-9), 1),
-        "history": ft.history, "episodes": ft.episode_log, "videos": videos,
+        "train_time_s": ft.time_breakdown(),
+        "history": ft.history, "episodes": ft.episode_log,
         "wall_s": round(time.time() - start, 1), "run_dir": run_dir,
     }
     with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=1)
+    # last: every number above is on disk before any rendering runs
+    summary["videos"] = run_videos(cfg, ft, name, run_dir, cfg.videos, writer)
+    writer.close()
+    if summary["videos"]:
+        with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as fh:
+            json.dump(summary, fh, indent=1)
     ci = report["ci95"]
     print(f"\n| policy (async {cfg.chunking.strategy}, d={delay}; {spec.test_episodes} test episodes, seeds "
           f"{spec.test_seed}..) | success | 95% CI |")
@@ -180,7 +191,8 @@ def main(cfg: FinetuneConfig) -> int:
         points = ", ".join(f"{h['success']:.2f}" for h in ft.history[1:])
         print(f"learning curve ({spec.eval_episodes} tune episodes): {curve_start['success']:.2f} -> {points}")
     print(f"{summary['env_steps_per_s']} env steps/s, {summary['updates_per_s']} updates/s while training")
+    print("training time (s): " + ", ".join(f"{k} {v:.1f}" for k, v in summary["train_time_s"].items()))
     print(f"\nwrote {run_dir}/ (checkpoint/, tb/, learning_curve.png, summary.json, eval_test.json"
-          f"{', videos/' if videos else ''}) in "
+          f"{', videos/' if summary['videos'] else ''}) in "
           f"{summary['wall_s']:.0f} s")
     return 0
