@@ -353,6 +353,7 @@ class LaunchConfig:
     min_latency_s: float = 0.16  # server reply padding: d = 4 at dt = 0.05 (margin for compute)
     base_port: int = 5555
     output_dir: str = "outputs/launch"
+    extra_server: list[str] = field(default_factory=list)  # more overrides for the server (device=, max_batch=)
     extra_learner: list[str] = field(default_factory=list)  # more overrides for the learner
     extra_actor: list[str] = field(default_factory=list)  # more overrides for every actor
     record_root: str = ""  # record each actor's episodes into <record_root>/<actor_id>

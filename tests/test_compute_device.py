@@ -61,3 +61,21 @@ def test_a_learner_on_the_resolved_device_learns_as_on_the_cpu():
 
     (a, act_a), (b, act_b) = run("auto"), run("cpu")
     assert a == b and np.array_equal(act_a, act_b) and a[-1] != a[0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)")
+def test_on_cuda_the_flow_policy_and_the_learner_match_the_cpu():
+    """Where a GPU exists: the same seed gives the same chunk (noise drawn on the CPU) and the
+    same learner updates within float tolerance on CUDA as on the CPU."""
+    from arli.policies.flow import FlowPolicy
+    from arli.policies.flow_config import FlowPolicyConfig
+    from arli.types import PolicyRequest
+
+    torch.manual_seed(0)
+    cpu = FlowPolicy(FlowPolicyConfig(state_dim=6, action_dim=3, chunk_size=8, d_model=32, n_layers=1, n_heads=2,
+                                      ff_dim=32, num_steps=4))
+    gpu = FlowPolicy(cpu.cfg, __import__("copy").deepcopy(cpu.model)).to("cuda")
+    request = PolicyRequest.of(np.linspace(-1, 1, 6).astype(np.float32), committed_prefix=np.zeros((2, 3), np.float32),
+                               delay_steps=2)
+    cpu.reset(1), gpu.reset(1)
+    np.testing.assert_allclose(cpu.infer(request), gpu.infer(request), atol=1e-4)

@@ -114,3 +114,13 @@ def test_launch_does_not_restart_a_learner_that_refuses_its_settings(tmp_path):
     assert proc.returncode == 2, proc.stdout[-2000:]
     assert "learner refused its settings" in proc.stdout and "restarting" not in proc.stdout
     assert "run.learner.tau: expected in (0, 1], got 0.0" in (out / "learner.log").read_text()
+
+
+def test_launch_passes_its_extra_overrides_to_each_process():
+    from arli.cli import compose
+    from arli.commands.pipeline import launch_commands
+
+    cfg = compose("launch", ["extra_server=['max_batch=2','device=cpu']", "extra_learner=['run.device=cpu']"])
+    cmds = launch_commands(cfg)
+    assert cmds["serve"][-2:] == ["max_batch=2", "device=cpu"] and cmds["learner"][-1] == "run.device=cpu"
+

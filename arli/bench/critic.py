@@ -114,11 +114,13 @@ def monte_carlo(ft, snapshot, picks: dict, gamma: float) -> dict:
     """Every candidate from one snapshot: its MC return and the critic's Q of it."""
     episode0, t, seed, gen_state = snapshot
     scale = ft.spec.learner.residual_scale
+    learner_state = ft.learner.generator.get_state()
     rows = {}
     for name, pick in picks.items():
         episode = _copy(episode0, (ft.base, ft.learner, ft.builder, ft.expert))
         if gen_state is not None:  # common random numbers: every candidate sees the base's same noise
             ft.base._gen.set_state(gen_state)
+        ft.learner.generator.set_state(learner_state)  # and the learner's (value gating draws from it)
         inner = ft.evaluation_controller()
         inner.begin_episode()
         forced = FirstStepForced(inner, ft.builder, scale, gamma, pick)
@@ -247,14 +249,14 @@ def main(cfg: BenchCriticConfig) -> int:
           f"bound, {cfg.perturbations} moves of r(s) of {cfg.perturb_scale} residual units) runs one step from a "
           "copy of the whole sim episode, then the run's residual continues: the discounted return is a "
           "Monte-Carlo Q. Pairwise accuracy counts pairs of candidates whose returns differ (chance: 0.5).", "",
-          "| run | heads × width | UTD | warm-up | γ | n | states (ranked) | pairwise acc. [95% CI] | Spearman | "
-          "top-1 | mean Q | mean MC |", "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+          "| run | heads × width | UTD | warm-up | γ | n | exploration | states (ranked) | pairwise acc. [95% CI] | "
+          "Spearman | top-1 | mean Q | mean MC |", "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for r in results:
         o, s = r["overall"], r["settings"]
         ci = o.get("pairwise_accuracy_ci95")
         md.append(f"| `{r['run']}` ({r['variant']}, d={r['delay_steps']}, {r['env_steps']} steps) | "
                   f"{s['critic_heads']} × {s['critic_hidden']} | {s['utd']} | {s['critic_warmup_updates']} | "
-                  f"{s['gamma']} | {s['n_step']} | {o['states']} ({o['states_with_ranked_pairs']}) | "
+                  f"{s['gamma']} | {s['n_step']} | {s['exploration_std']} | {o['states']} ({o['states_with_ranked_pairs']}) | "
                   f"{_fmt(o['pairwise_accuracy'])} " + (f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") +
                   f" | {_fmt(o['spearman'])} | {_fmt(o['top1'])} | {_fmt(o['q_mean'], '.3f')} | "
                   f"{_fmt(o['mc_mean'], '.3f')} |")

@@ -291,7 +291,7 @@ def main(cfg: BenchTransportConfig) -> int:
           f"(`codec_us`), costs {ours_code_ms * 1000:.0f} µs per request — client encode "
           f"{codec['client_encode']:.1f}, server `handle` (decode, typed request, policy call, reply encode) "
           f"{codec['server_handle']:.1f}, client decode {codec['client_decode']:.1f}; the rest is the "
-          "interpreter's socket calls around them (the server's poll, multipart receive and send) and "
+          "interpreter's socket calls around them (the multipart receive and send, cache misses after the stub's sleep) and "
           "scheduling on this 2-core VM.", "",
           f"Machine: {machine_info()}", ""]
     return publish(cfg.report_dir, "transport", payload, md, slice(4, 11), result if cfg.json else None)

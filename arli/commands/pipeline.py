@@ -257,7 +257,7 @@ def launch_commands(cfg: LaunchConfig) -> dict[str, list[str]]:
     d_min = int(np.ceil(cfg.min_latency_s / cfg.env.dt - 1e-9))
     cmds = {
         "serve": arli + ["serve", *env, f"checkpoint={cfg.checkpoint}", f"min_latency_s={cfg.min_latency_s}",
-                         *transport],
+                         *transport, *cfg.extra_server],
         "learner": arli + ["learner", *env, f"checkpoint={cfg.checkpoint}", f"run.env_steps={cfg.env_steps}",
                            f"delay_steps={d_min}",
                            f"output_dir={cfg.output_dir}/learner", *transport, *cfg.extra_learner],

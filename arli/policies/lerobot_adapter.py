@@ -203,7 +203,7 @@ class LeRobotPolicyAdapter(BasePolicy):
         collated["task"] = [row["task"] for row in rows]
         processed = self.pre(collated)
         batch = {k: v for k, v in processed.items() if k.startswith("observation.") or k == "task"}
-        actions = self.post(self.policy.predict_action_chunk(batch)).cpu().numpy().astype(np.float32)
+        actions = self.post(self.policy.predict_action_chunk(batch)).float().cpu().numpy()
         if actions.ndim != 3 or actions.shape[0] != len(requests) or actions.shape[2] != self.action_dim \
                 or actions.shape[1] < self.chunk_size:
             raise ValueError(f"policy returned actions of shape {actions.shape}, expected "

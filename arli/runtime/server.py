@@ -72,6 +72,7 @@ class InferenceServer:
         self.batching = self.max_batch > 1 and bool(getattr(policy, "batchable", False))
         self.batch_wait_s = batch_wait_s
         self._seen: dict[bytes, float] = {}  # robot identity -> when its last request arrived
+        self._last_batch: set[bytes] = set()  # the robots answered together last time
         self.meta = {"chunk_size": int(policy.chunk_size), "action_dim": int(policy.action_dim),
                      "n_obs_steps": int(policy.n_obs_steps), "max_batch": self.max_batch if self.batching else 1,
                      "policy": type(policy).__name__, "protocol": PROTOCOL_VERSION,
@@ -142,9 +143,12 @@ class InferenceServer:
             if len(batch) > 1 and 0 <= exc.index < len(batch):
                 rest = batch[:exc.index] + batch[exc.index + 1:]
                 return self._infer([batch[exc.index]], recv) + self._infer(rest, recv)
+            if len(batch) > 1:
+                return [reply for one in batch for reply in self._infer([one], recv)]
             return self._policy_error(batch, exc)
         except Exception as exc:  # the policy failed on this input: say so, keep serving
             if len(batch) > 1:  # which request it was is unknown: each is answered alone
+                self._warn(f"a batch of {len(batch)} failed ({type(exc).__name__}: {exc}); answering each alone")
                 return [reply for one in batch for reply in self._infer([one], recv)]
             return self._policy_error(batch, exc)
         end = time.perf_counter()
@@ -223,10 +227,10 @@ class InferenceServer:
                     self._seq += 1
 
     def _receive_batch(self, frames: list) -> tuple[list[bytes], list]:
-        """Every request already waiting (up to ``max_batch``), and, when batching, those of the
-        other robots active in the last second for up to ``batch_wait_s`` more: robots that
-        were answered together re-send a moment apart, and without the wait a fleet splits
-        into half-size batches for good."""
+        """When batching: every request already waiting (up to ``max_batch``), and those of the
+        robots answered with the last batch for up to ``batch_wait_s`` more: robots answered
+        together re-send a moment apart, and without the wait a fleet splits into half-size
+        batches for good. Otherwise the one request received."""
         identities, payloads = [], []
         deadline = None
         while True:
@@ -235,18 +239,18 @@ class InferenceServer:
                 identities.append(frames[0].bytes)
                 payloads.append([f.buffer for f in frames[1:]])
                 self._seen[identities[-1]] = now
-            if len(payloads) >= self.max_batch:
-                break
+            if not self.batching or len(payloads) >= self.max_batch:
+                break  # one at a time: each reply leaves as soon as its own chunk is ready
             if not self.sock.get(zmq.EVENTS) & zmq.POLLIN:
-                if not self.batching:
-                    break
-                waiting_for = [i for i, t in self._seen.items() if now - t < 1.0 and i not in identities]
+                # wait only for the robots answered with the last batch: they re-send together
+                waiting_for = [i for i in self._last_batch if i not in identities and now - self._seen[i] < 1.0]
                 deadline = deadline or now + self.batch_wait_s
                 if not waiting_for or now >= deadline or not self._poller.poll(max(0.0, deadline - now) * 1000):
                     break
             frames = self.sock.recv_multipart(copy=False)
         if len(self._seen) > 4 * self.max_batch + 64:  # forget robots gone for good
             self._seen = {i: t for i, t in self._seen.items() if now - t < 1.0}
+        self._last_batch = set(identities) if len(identities) > 1 else set()
         return identities, payloads
 
     def _flush(self, now: float) -> None:

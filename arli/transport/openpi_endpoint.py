@@ -181,13 +181,13 @@ class OpenPIInference(PlansFromMeasured):
                     self._sent.pop(rid)
                     out.append(ChunkReply(rid, None, {"error": last_line(payload)}))
                 continue
+            if rid not in self._sent:
+                continue  # an answer to a request of an earlier episode (judged by nobody)
             try:
                 actions = self.mapping.actions(payload, self.chunk_size)
             except OpenPIError as exc:
                 self.errors.append(str(exc))
                 raise
-            if rid not in self._sent:
-                continue  # an answer to a request of an earlier episode
             capture = self._sent.pop(rid)
             record = {"latency_s": now - capture, "rtt_s": now - self._send_ts.pop(rid, now), **timing(payload)}
             self.measured.add(record["latency_s"], record)
@@ -230,6 +230,11 @@ class OpenPIInference(PlansFromMeasured):
                 continue
             except websockets.exceptions.ConnectionClosed as exc:
                 self._connected.clear()
+                # the requests still in flight will never be answered: give them up now, so the
+                # runtime re-requests at once instead of waiting out its request timeout
+                now = time.perf_counter()
+                while conn.sent:
+                    self._inbox.put((now, conn.sent.popleft(), f"lost: the openpi server closed the connection ({exc})"))
                 if not self._stop.is_set():
                     log.warning("openpi server %s closed the connection (%s); reconnecting", self.cfg.uri, exc)
                 continue
