@@ -101,6 +101,20 @@ class StateBuilder:
     def _norm(self, obs: np.ndarray) -> np.ndarray:
         return (np.asarray(obs, np.float32) - self.mean) / self.std
 
+    def chunk_states(self, info: StepInfo) -> np.ndarray:
+        """``standard`` only: the states of the executing chunk's slots from this step's slot
+        to its end, (H - index_in_chunk, D), each with its slot and its base action: what the
+        whole residual chunk is decided from, at once."""
+        if self.variant != "standard" or info.chunk_obs is None:
+            raise ValueError("chunk_states: only for the standard variant while a chunk slot runs")
+        lay, first = self.layout, self.build(np.zeros(self.n, np.float32), info)
+        slots = range(info.index_in_chunk, self.H)
+        out = np.repeat(first[None], len(slots), axis=0)
+        for row, j in enumerate(slots):
+            out[row, lay.base_action] = info.chunk_actions[j]
+            out[row, lay.slot] = (j / self.H, 0.0)
+        return out
+
     def build(self, obs: np.ndarray, info: StepInfo) -> np.ndarray:
         """obs (n,) fresh observation, info from ``ChunkScheduler.step``/``peek`` -> (D,)."""
         lay, v = self.layout, self.variant

@@ -127,3 +127,48 @@ def test_variant_validation_and_normalisation():
     sched.step(0)
     state = b.build(np.full(N, 5.0), sched.step(1))
     np.testing.assert_allclose(state, [2, 2, 2, 1, 1, 0.1])
+
+
+def test_standard_decides_its_whole_residual_chunk_at_once():
+    """``standard``: the residual of every slot of a chunk comes from one decision at the
+    chunk's first executed slot, with the weights of that moment (a correction that travels
+    with the base chunk), from exactly the state each slot then has; ``arli`` decides each step."""
+    from arli.runtime.acting import ResidualController
+
+    class Versioned:
+        """A residual whose weights change after every step: its proposals carry the version."""
+
+        version = 0.0
+
+        def begin_episode(self):
+            pass
+
+        def act(self, state, base, explore):
+            self.seen.append(np.array(state))
+            return np.full(M, self.version, np.float32)
+
+    H = 8
+    for variant in ("standard", "arli"):
+        sched = ChunkScheduler(H, 4, M, "async", "naive", 2, hold=make_hold(M))
+        builder = StateBuilder(variant, N, M, H, episode_steps=60)
+        policy = Versioned()
+        policy.seen = []
+        ctl = ResidualController(policy, builder)
+        ctl.begin_episode()
+        _, _, infos = drive(sched, [2], 40, {})
+        chunks = {}
+        for t, info in enumerate(infos):
+            action = ctl.act(t, Observation(np.full(N, float(t)), t), info)
+            policy.version += 1.0
+            if info.chunk_obs is not None:
+                chunks.setdefault(info.chunk_id, []).append((t, action[0], builder.build(np.full(N, float(t)), info)))
+        assert len(chunks) >= 4
+        for rows in chunks.values():
+            versions = {v for _, v, _ in rows}
+            if variant == "standard":
+                assert versions == {float(rows[0][0])}  # decided at the chunk's first executed slot
+            else:
+                assert len(versions) == len(rows)  # decided every step
+        if variant == "standard":  # each slot's proposal came from the state that slot has
+            decided = {tuple(s) for s in policy.seen}
+            assert all(tuple(state) in decided for rows in chunks.values() for _, _, state in rows)

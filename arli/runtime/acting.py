@@ -45,6 +45,8 @@ class ResidualController(StepController):
         self.intervened_episode = False
         self.trace: list[list[tuple]] | None = [] if trace else None
         self.last_decision: Decision | None = None
+        self._plan_id: int | None = None  # standard: the chunk whose residual chunk is decided
+        self._plan: dict[int, np.ndarray] = {}  # slot -> proposed action
 
     @property
     def takeovers(self) -> int:
@@ -63,6 +65,7 @@ class ResidualController(StepController):
             self.nstep.begin_episode()
         self.policy.begin_episode()
         self.last_decision = None
+        self._plan_id, self._plan = None, {}
         self.intervened_episode = False
         if self.trace is not None:
             self.trace.append([])
@@ -78,7 +81,10 @@ class ResidualController(StepController):
     def decide(self, t: int, obs: Observation, info: StepInfo) -> Decision:
         """The decision of step t: state, the residual's proposal, what executes and who chose it."""
         state = self.builder.build(obs.state, info)
-        proposed = self.policy.act(state, info.base_action, explore=self.train)
+        if self.builder.variant == "standard" and info.chunk_obs is not None:
+            proposed = self._from_chunk_plan(info)
+        else:
+            proposed = self.policy.act(state, info.base_action, explore=self.train)
         polled = self._may_intervene()
         takeover = self.intervention.decide(t, obs.state, proposed) if polled else None
         events = tuple(self.intervention.events) if polled else ()  # this step's, never a stale one
@@ -86,6 +92,23 @@ class ResidualController(StepController):
             return Decision(t, state, info.base_action.copy(), proposed, proposed, ONLINE, events)
         return Decision(t, state, info.base_action.copy(), proposed, np.asarray(takeover, np.float32),
                         self.source, events)
+
+    def _from_chunk_plan(self, info: StepInfo) -> np.ndarray:
+        """``standard``: the residual chunk is decided once, at the chunk's first executed slot,
+        for every remaining slot (with the weights and exploration draws of that moment), as a
+        correction that travels with the base chunk would be; each slot then runs its entry."""
+        if self._plan_id != info.chunk_id:
+            first = info.index_in_chunk
+            states = self.builder.chunk_states(info)
+            self._plan = {first + k: self.policy.act(s, info.chunk_actions[first + k], explore=self.train)
+                          for k, s in enumerate(states)}
+            self._plan_id = info.chunk_id
+        planned_base = info.chunk_actions[info.index_in_chunk]
+        proposal = self._plan[info.index_in_chunk]
+        if np.array_equal(info.base_action, planned_base):
+            return proposal
+        # the executing base differs from the planned one (blended): keep the planned correction
+        return np.clip(info.base_action + (proposal - planned_base), -1.0, 1.0).astype(np.float32)
 
     def act(self, t: int, obs: Observation, info: StepInfo) -> np.ndarray:
         decision = self.decide(t, obs, info)
