@@ -173,7 +173,7 @@ def test_a_policy_error_is_given_up_at_once_not_at_the_request_timeout():
     try:
         inference = RemoteInference(f"tcp://127.0.0.1:{port}", 0.05, initial_delay_steps=2)
         inference.connect(timeout_s=10)
-        env = make_env("pick_cube", max_episode_steps=30)
+        env = make_env("pick_cube", max_episode_steps=60)
         sched = ChunkScheduler(16, 8, 5, "async", "naive", 4, hold=gripper_hold(5))
         recorder = Recorder(inference)
         result = run_episode(SimDriver(env, now=time.perf_counter), inference, sched, MonotonicClock(0.05), 0,
@@ -184,7 +184,7 @@ def test_a_policy_error_is_given_up_at_once_not_at_the_request_timeout():
         thread.join()
         server.close()
     assert all(starved for _, starved, _ in recorder.steps)  # never anything but the hold
-    # re-requested at once: several failures inside 30 steps, where waiting for the request
+    # re-requested at once: several failures inside 60 steps, where waiting for the request
     # timeout (10 chunks = 160 steps) would give none. Not a count per step: a loaded machine
     # slows the in-process server thread
     assert result.abandoned == 0 and result.failed >= 3
