@@ -12,7 +12,8 @@ one idiom of ``arli.errors.require`` (the field, what is allowed, what it got):
 
 Each command composes ``configs/<command>.yaml`` over its schema, applies ``key=value``
 overrides and calls ``validate``: a wrong key or value fails at start-up naming the field.
-No schema inherits from another.
+Schemas share one field group by inheritance only: ``SimBase`` (task, chunking, base
+checkpoint and its pretraining), for every command that runs the base on a sim task.
 """
 
 from __future__ import annotations
@@ -120,13 +121,25 @@ class RolloutConfig:
 
 
 @dataclass
-class BenchBaseConfig:
-    """``arli bench base``: the pretrained policy, sync vs async naive/blend/rtc per delay."""
+class SimBase:
+    """What every command that runs the base policy on a sim task composes: the task, how
+    chunks execute, and the base (trained first when the default checkpoint is missing)."""
 
     env: EnvConfig = field(default_factory=EnvConfig)
     chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
-    checkpoint: str = BASE_CHECKPOINT
-    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    checkpoint: str = BASE_CHECKPOINT  # built-in flow dir, LeRobot dir or "expert"; trained if missing
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)  # how the base is trained if missing
+
+    def validate(self) -> None:
+        self.env.validate()
+        self.chunking.validate()
+        self.pretrain.validate()
+
+
+@dataclass
+class BenchBaseConfig(SimBase):
+    """``arli bench base``: the pretrained policy, sync vs async naive/blend/rtc per delay."""
+
     episodes: int = 100
     delay_steps: list[int] = field(default_factory=lambda: [0, 2, 4, 8])
     strategies: list[str] = field(default_factory=lambda: list(EXECUTIONS))
@@ -135,9 +148,7 @@ class BenchBaseConfig:
     report_dir: str = "reports"
 
     def validate(self) -> None:
-        self.env.validate()
-        self.chunking.validate()
-        self.pretrain.validate()
+        super().validate()
         require(self.chunking.execute_horizon <= self.pretrain.policy.chunk_size, "chunking.execute_horizon",
                 f"<= the policy's chunk size ({self.pretrain.policy.chunk_size})", self.chunking.execute_horizon)
         _positive(self, "episodes")
@@ -147,19 +158,15 @@ class BenchBaseConfig:
 
 # -- finetuning: one run, its recording, its learner service --------------------------------
 @dataclass
-class FinetuneConfig:
+class FinetuneConfig(SimBase):
     """``arli finetune``: ARLI residual RL on top of the base policy under simulated latency."""
 
-    env: EnvConfig = field(default_factory=EnvConfig)
     latency: LatencyConfig = field(default_factory=LatencyConfig)
-    chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
     # the main job (`make demo`): d = 8 and 50k online steps, where learning from reward shows
     # on this budget (at d = 4 the anchor-pretrained start is already 0.88-0.94 and the online
     # phase holds it, reports/learner_tuning.md)
     run: RunSpec = field(default_factory=lambda: RunSpec(env_steps=50_000))
     delay_steps: int | None = MAIN_JOB_DELAY_STEPS  # fixed delay in control steps; null = use ``latency``
-    checkpoint: str = BASE_CHECKPOINT  # base policy (trained if missing)
-    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     output_dir: str = ""  # "" = outputs/finetune_<env>_<variant>_d<delay>_<time>
     resume: str = ""  # an output_dir/checkpoint to continue from
     videos: int = 2  # test seeds rendered at the end (base alone vs base + residual, every camera); 0 = none
@@ -173,29 +180,23 @@ class FinetuneConfig:
 
 def validate_sim_run(cfg) -> None:
     """What every config that builds a ``Finetuner`` in sim shares."""
-    cfg.env.validate()
+    SimBase.validate(cfg)
     cfg.latency.validate()
-    cfg.chunking.validate()
     require(cfg.chunking.strategy != "sync", "chunking.strategy",
             "naive, blend or rtc (the residual acts inside asynchronous execution)", cfg.chunking.strategy)
-    cfg.pretrain.validate()
     cfg.run.validate()
     require(cfg.delay_steps is None or cfg.delay_steps >= 0, "delay_steps", "null or >= 0", cfg.delay_steps)
 
 
 @dataclass
-class RecordConfig:
+class RecordConfig(SimBase):
     """``arli record``: episodes of base + residual with an intervener, into a crash-safe
     LeRobotDataset. In sim (``device=scripted``) the scripted operator intervenes; with a
     person's device they do. The residual is a finetune run's checkpoint (or zero)."""
 
-    env: EnvConfig = field(default_factory=EnvConfig)
     latency: LatencyConfig = field(default_factory=LatencyConfig)
-    chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
     run: RunSpec = field(default_factory=RunSpec)  # the residual's variant and learner (as its run had)
     delay_steps: int | None = MAIN_JOB_DELAY_STEPS
-    checkpoint: str = BASE_CHECKPOINT
-    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     episodes: int = 10
     root: str = "data/interventions/${env.name}"
     append: bool = False  # append to an existing dataset at root
@@ -233,17 +234,13 @@ INFERENCES = ("arli", "openpi")  # where an actor's base chunks come from
 
 
 @dataclass
-class LearnerServiceConfig:
+class LearnerServiceConfig(SimBase):
     """``arli learner``: the finetuning learner as a service for a fleet of actors."""
 
-    env: EnvConfig = field(default_factory=EnvConfig)
     latency: LatencyConfig = field(default_factory=LatencyConfig)
-    chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
     run: RunSpec = field(default_factory=RunSpec)
     # the delay the actors plan for (their chunking.planned_delay_steps), not the main job's
     delay_steps: int | None = ACTOR_PLANNED_DELAY_STEPS
-    checkpoint: str = BASE_CHECKPOINT
-    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     output_dir: str = ""  # "" = outputs/learner_<env>
     transport: TransportConfig = field(default_factory=TransportConfig)
     publish_every: int = 50  # updates between weight broadcasts
@@ -383,13 +380,9 @@ SWEEP_VARIANTS = ("base_sync", "base_naive", "base_rtc", "arli", "arli_no_commit
 
 
 @dataclass
-class LatencySweepConfig:
+class LatencySweepConfig(SimBase):
     """``arli bench latency-sweep``: every variant x delay x seed, one budget."""
 
-    env: EnvConfig = field(default_factory=EnvConfig)
-    chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
-    checkpoint: str = BASE_CHECKPOINT
-    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     run: RunSpec = field(default_factory=RunSpec)  # residual RL settings (env_steps <- budget)
     budget: int = 10_000  # environment steps per RL run
     delay_steps: list[int] = field(default_factory=lambda: [0, 4, 8])
@@ -402,9 +395,7 @@ class LatencySweepConfig:
     report_dir: str = "reports"
 
     def validate(self) -> None:
-        self.env.validate()
-        self.chunking.validate()
-        self.pretrain.validate()
+        super().validate()
         self.run.validate()
         self.run.check_seeds(self.run.tune_range(), range(self.run.test_seed, self.run.test_seed + self.eval_episodes))
         require(self.budget >= 100, "budget", ">= 100 env steps", self.budget)
@@ -416,14 +407,10 @@ class LatencySweepConfig:
 
 
 @dataclass
-class BenchAnchorStartConfig:
+class BenchAnchorStartConfig(SimBase):
     """``arli bench anchor-start``: the anchor-pretrained start's success (no online step)
     against the pretraining's learning rate and number of updates."""
 
-    env: EnvConfig = field(default_factory=EnvConfig)
-    chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
-    checkpoint: str = BASE_CHECKPOINT
-    pretrain: PretrainConfig = field(default_factory=PretrainConfig)  # the base, if it must be trained
     run: RunSpec = field(default_factory=RunSpec)  # anchor data and learner settings
     # the defaults are reports/anchor_start.md's settings (about 10 min on 2 cores)
     delay_steps: list[int] = field(default_factory=lambda: [4])
@@ -436,9 +423,7 @@ class BenchAnchorStartConfig:
     report_dir: str = "reports"
 
     def validate(self) -> None:
-        self.env.validate()
-        self.chunking.validate()
-        self.pretrain.validate()
+        super().validate()
         self.run.validate()
         self.run.check_seeds(range(self.run.tune_seed, self.run.tune_seed + self.eval_episodes), self.run.test_range())
         require(len(self.seeds) >= 1, "seeds", "a non-empty list", self.seeds)
@@ -452,14 +437,10 @@ class BenchAnchorStartConfig:
 
 
 @dataclass
-class BenchCeilingConfig:
+class BenchCeilingConfig(SimBase):
     """``arli bench ceiling``: the projected-expert residual through the learner's scheduler,
     delays and bound, on the test episodes; the share of anchor rows the bound clips."""
 
-    env: EnvConfig = field(default_factory=EnvConfig)
-    chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
-    checkpoint: str = BASE_CHECKPOINT
-    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     run: RunSpec = field(default_factory=RunSpec)  # the test seeds and the default bound (run.learner)
     delay_steps: list[int] = field(default_factory=lambda: [0, 4, 8])
     scales: list[float] = field(default_factory=lambda: [0.3, 0.6, 1.0])  # the bound; 0.3 = the default
@@ -469,9 +450,7 @@ class BenchCeilingConfig:
     report_dir: str = "reports"
 
     def validate(self) -> None:
-        self.env.validate()
-        self.chunking.validate()
-        self.pretrain.validate()
+        super().validate()
         self.run.validate()
         require(len(self.delay_steps) >= 1, "delay_steps", "a non-empty list of integers >= 0", self.delay_steps)
         _delays(self.delay_steps)
