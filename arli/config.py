@@ -38,6 +38,7 @@ __all__ = ["ConfigError", "SCHEMAS", "register_configs"]
 
 BASE_CHECKPOINT = "checkpoints/base_${env.name}"  # the base policy; only this default is trained on demand
 MAIN_JOB_DELAY_STEPS = 8  # `make demo`: where learning from reward shows on this budget
+MAIN_JOB_ENV_STEPS = 50_000  # the main job's online budget, and the headline sweep's per cell
 ACTOR_PLANNED_DELAY_STEPS = 4  # a robot's first plan, before it has measured replies
 
 
@@ -165,7 +166,7 @@ class FinetuneConfig(SimBase):
     # the main job (`make demo`): d = 8 and 50k online steps, where learning from reward shows
     # on this budget (at d = 4 the anchor-pretrained start is already 0.88-0.94 and the online
     # phase holds it, reports/learner_tuning.md)
-    run: RunSpec = field(default_factory=lambda: RunSpec(env_steps=50_000))
+    run: RunSpec = field(default_factory=lambda: RunSpec(env_steps=MAIN_JOB_ENV_STEPS))
     delay_steps: int | None = MAIN_JOB_DELAY_STEPS  # fixed delay in control steps; null = use ``latency``
     output_dir: str = ""  # "" = outputs/finetune_<env>_<variant>_d<delay>_<time>
     resume: str = ""  # an output_dir/checkpoint to continue from
@@ -375,24 +376,35 @@ class KeysConfig:
 
 
 # -- benchmarks ---------------------------------------------------------------------------
+# every variant a sweep can run; DEFAULT_SWEEP_VARIANTS: the headline sweep's. Not in the
+# default: ``standard_d0`` (the same runs as ``standard`` at d = 0, used only when the sweep
+# has no d = 0), ``stepwise_d0`` (no verdict needs it) and ``anchor_only`` (every RL cell now
+# carries its anchored start)
 SWEEP_VARIANTS = ("base_sync", "base_naive", "base_rtc", "arli", "arli_no_committed", "arli_no_midobs",
-                  "standard", "standard_d0", "stepwise_d0", "bc_control", "anchor_only")
+                  "standard", "standard_d0", "stepwise_d0", "bc_control", "uniform_control", "anchor_only",
+                  "ceiling")
+DEFAULT_SWEEP_VARIANTS = ("base_sync", "base_naive", "base_rtc", "arli", "arli_no_committed", "arli_no_midobs",
+                          "standard", "bc_control", "uniform_control", "ceiling")
 
 
 @dataclass
 class LatencySweepConfig(SimBase):
-    """``arli bench latency-sweep``: every variant x delay x seed, one budget."""
+    """``arli bench latency-sweep``: every variant x delay x seed, one budget, on the test
+    episodes ``run.test_seed ..`` -> ``<report_dir>/<name>.{json,md,png}``."""
 
     run: RunSpec = field(default_factory=RunSpec)  # residual RL settings (env_steps <- budget)
-    budget: int = 10_000  # environment steps per RL run
+    budget: int = MAIN_JOB_ENV_STEPS  # environment steps per RL run
     delay_steps: list[int] = field(default_factory=lambda: [0, 4, 8])
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    eval_episodes: int = 100  # per seed and cell
-    variants: list[str] = field(default_factory=lambda: list(SWEEP_VARIANTS))
+    # training seeds no tuning run used (every setting was chosen on seeds 0-2): the sweep's
+    # cells confirm the defaults instead of re-measuring the runs they were chosen on
+    seeds: list[int] = field(default_factory=lambda: [10, 11, 12])
+    eval_episodes: int = 200  # test episodes per seed and cell (seeds run.test_seed ..), the same for every cell
+    variants: list[str] = field(default_factory=lambda: list(DEFAULT_SWEEP_VARIANTS))
     workers: int = 2  # cell worker processes
     report_only: bool = False  # rebuild the report from the cache, run nothing
     cache: str = "outputs/latency_sweep/cells_${env.name}.jsonl"
     report_dir: str = "reports"
+    name: str = "latency_sweep"  # the report: <report_dir>/<name>.{json,md,png}
 
     def validate(self) -> None:
         super().validate()
@@ -400,9 +412,18 @@ class LatencySweepConfig(SimBase):
         self.run.check_seeds(self.run.tune_range(), range(self.run.test_seed, self.run.test_seed + self.eval_episodes))
         require(self.budget >= 100, "budget", ">= 100 env steps", self.budget)
         require(len(self.seeds) >= 1, "seeds", "a non-empty list", self.seeds)
+        require(len(set(self.seeds)) == len(self.seeds), "seeds", "distinct training seeds", self.seeds)
+        require(len(self.delay_steps) >= 1, "delay_steps", "a non-empty list of integers >= 0", self.delay_steps)
         _delays(self.delay_steps)
         require(all(v in SWEEP_VARIANTS for v in self.variants), "variants", f"a list from {SWEEP_VARIANTS}",
                 self.variants)
+        require("uniform_control" not in self.variants or self.run.learner.actor_update == "awr", "variants",
+                "no uniform_control unless run.learner.actor_update=awr (its uniform weights are AWR's)",
+                self.variants)
+        require(self.chunking.strategy != "sync", "chunking.strategy",
+                "naive, blend or rtc (the residual acts inside asynchronous execution)", self.chunking.strategy)
+        require(bool(self.name) and not set(self.name) & set("/\\"), "name",
+                "a file name without directories (the report is <report_dir>/<name>.*)", self.name)
         _positive(self, "eval_episodes", "workers")
 
 
@@ -470,6 +491,24 @@ class BenchRunsConfig:
 
     def validate(self) -> None:
         require(all(isinstance(r, str) and r for r in self.runs), "runs", "a list of run directories", self.runs)
+
+
+@dataclass
+class BenchTuneConfig:
+    """``arli bench tune``: finetune runs of different settings on their shared tune episodes;
+    the setting is chosen by code (paired gain over the reference resolved above 0)."""
+
+    runs: list[str] = field(default_factory=list)  # `arli finetune` output directories; the FIRST is the reference
+    name: str = "tune"  # the report: <report_dir>/<name>.{json,md,png}
+    episodes: int = 100  # tune episodes per run: seeds run.tune_seed .. (never the test seeds)
+    report_dir: str = "reports"
+
+    def validate(self) -> None:
+        require(all(isinstance(r, str) and r for r in self.runs), "runs",
+                "a list of run directories, the reference first", self.runs)
+        _positive(self, "episodes")
+        require(bool(self.name) and not set(self.name) & set("/\\"), "name",
+                "a file name without directories (the report is <report_dir>/<name>.*)", self.name)
 
 
 @dataclass
@@ -667,7 +706,8 @@ SCHEMAS: dict[str, type] = {
     "serve": ServeConfig, "actor": ActorConfig, "launch": LaunchConfig, "keys": KeysConfig,
     "bench_base": BenchBaseConfig, "bench_latency_sweep": LatencySweepConfig,
     "bench_anchor_start": BenchAnchorStartConfig, "bench_ceiling": BenchCeilingConfig,
-    "bench_runs": BenchRunsConfig, "bench_learner": BenchLearnerConfig, "bench_serve": BenchServeConfig,
+    "bench_runs": BenchRunsConfig, "bench_tune": BenchTuneConfig, "bench_learner": BenchLearnerConfig,
+    "bench_serve": BenchServeConfig,
     "bench_critic": BenchCriticConfig,
     "bench_sim": BenchSimConfig, "bench_record": BenchRecordConfig, "bench_transport": BenchTransportConfig, "bench_runtime": BenchRuntimeConfig,
     "bench_pipeline": BenchPipelineConfig, "bench_interventions": BenchInterventionsConfig,

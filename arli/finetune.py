@@ -152,7 +152,22 @@ class Finetuner:
             print(f"recorded datasets: {recorded['episodes']} episodes, {recorded['anchor']} intervention "
                   f"transitions -> anchor, {recorded['online']} robot transitions -> online replay", flush=True)
         loss = self.learner.pretrain_actor(self.anchor, self.spec.learner.pretrain_updates, progress)
-        return {"anchor_transitions": transitions, "pretrain_loss": loss}
+        out = {"anchor_transitions": transitions, "pretrain_loss": loss}
+        if self.spec.start_guard and self.spec.learner.pretrain_updates > 0:
+            out["start_guard"] = self.guard_start()
+        return out
+
+    def guard_start(self) -> dict:
+        """Do no harm before RL starts: the anchored start and the base alone on the tune
+        episodes (paired seeds); a start below the base is dropped, so RL starts from the
+        zero residual (the base) instead of from a start that is already worse."""
+        episodes = self.spec.eval_episodes
+        base = self.evaluate(episodes, residual=False)["success"]
+        start = self.evaluate(episodes)["success"]
+        reverted = start < base
+        if reverted:
+            self.learner.reset_actor()
+        return {"split": "tune", "episodes": episodes, "base": base, "start": start, "reverted": reverted}
 
     # -- training ------------------------------------------------------------------------
     def train(self, env_steps: int | None = None, writer=None, progress: bool = True,

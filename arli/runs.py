@@ -12,6 +12,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from arli.config import ConfigError, FinetuneConfig, validate
 from arli.latency import FixedLatency, latency_from_config, to_delay_steps
+from arli.rl.config import LearnerConfig
 from sim_envs import make_env, task_name
 from sim_envs.experts import EXPERTS
 
@@ -57,6 +58,12 @@ def load_run_config(run_dir: str) -> FinetuneConfig:
         first = str(exc).strip().splitlines()[0]
         raise ConfigError(f"run: {path} does not fit this ARLI's finetune config ({first}); evaluate it with "
                           "the version that wrote it, or rerun it") from None
+    learner = cfg.run.learner
+    if learner.actor_update != "awr":
+        # awr-only settings do nothing under dpg / select; a run saved before their defaults
+        # changed carries the old ones, which start-up validation (for what a user types) refuses
+        cfg.run.learner = replace(learner, awr_advantage=LearnerConfig.awr_advantage,
+                                  awr_weights=LearnerConfig.awr_weights)
     validate(cfg)
     return cfg
 
@@ -82,4 +89,5 @@ def _real_robot_finetuner(cfg, name: str):
     latency = (FixedLatency(cfg.delay_steps * cfg.env.dt) if cfg.delay_steps is not None
                else latency_from_config(cfg.latency))
     delay = to_delay_steps(latency.max_latency(), cfg.env.dt)
-    return Finetuner(cfg.run, env, base, None, latency, chunking=cfg.chunking), name, delay
+    # no sim evaluation of a real arm's start: the start guard cannot run here
+    return Finetuner(replace(cfg.run, start_guard=False), env, base, None, latency, chunking=cfg.chunking), name, delay

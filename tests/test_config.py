@@ -137,3 +137,37 @@ def test_a_standalone_learner_plans_the_delay_its_actors_plan():
     main job's: the residual's state is built for the same timing on both sides."""
     assert compose("learner", []).delay_steps == compose("actor", []).chunking.planned_delay_steps
     assert compose("learner", []).env.dt == compose("actor", []).env.dt
+
+
+@pytest.mark.parametrize("command,extra", [("finetune", []), ("learner", []),
+                                           ("bench_latency_sweep", ["variants=[arli,standard]"])])
+def test_learner_recipes_set_their_settings_and_yield_to_later_overrides(command, extra):
+    """``+recipe=resfit`` / ``+recipe=expo`` place their settings at run.learner of any
+    command with a learner; a key given after the recipe still wins."""
+    resfit = compose(command, ["+recipe=resfit", "run.learner.pretrain_updates=2000", *extra]).run.learner
+    assert (resfit.actor_update, resfit.anchor_weight, resfit.actor_lr, resfit.critic_heads) == ("dpg", 0.0, 1e-6, 10)
+    assert (resfit.residual_scale, resfit.critic_warmup_updates, resfit.grad_clip) == (0.1, 10_000, 1.0)
+    assert resfit.pretrain_updates == 2000
+    expo = compose(command, ["+recipe=expo", *extra]).run.learner
+    assert (expo.actor_update, expo.gate_candidates, expo.backup_candidates) == ("select", 8, 8)
+    with pytest.raises(ConfigError, match="recipe"):
+        compose(command, ["+recipe=magic", *extra])
+
+
+def test_a_saved_run_with_an_inert_awr_setting_still_loads(tmp_path):
+    """A dpg run saved when awr's advantage defaulted to "td" stays loadable (arli eval, bench
+    tune) although start-up validation refuses typing that setting for dpg now."""
+    from dataclasses import replace
+
+    from omegaconf import OmegaConf
+
+    from arli.config import FinetuneConfig
+    from arli.runs import load_run_config
+
+    cfg = FinetuneConfig()
+    cfg.run = replace(cfg.run, learner=replace(cfg.run.learner, actor_update="dpg", awr_advantage="td"))
+    OmegaConf.save(OmegaConf.structured(cfg), tmp_path / "config.yaml")
+    with pytest.raises(ConfigError, match=r"run\.learner\.awr_advantage"):
+        compose("finetune", ["run.learner.actor_update=dpg", "run.learner.awr_advantage=td"])
+    loaded = load_run_config(str(tmp_path))
+    assert loaded.run.learner.actor_update == "dpg" and loaded.run.learner.awr_advantage == "q"

@@ -235,3 +235,37 @@ def test_default_run_dirs_of_runs_started_in_the_same_second_differ(tmp_path, mo
     dirs = [new_run_dir(prefix) for _ in range(3)]
     assert dirs == [f"{prefix}_20261130_120000", f"{prefix}_20261130_120000_2", f"{prefix}_20261130_120000_3"]
     assert all(os.path.isdir(d) for d in dirs)
+
+
+@pytest.mark.parametrize("start,base,reverted", [(0.4, 0.6, True), (0.6, 0.6, False), (0.8, 0.6, False)])
+def test_the_start_guard_drops_a_start_below_the_base(monkeypatch, start, base, reverted):
+    """Do no harm before RL: prepare() compares the anchored start with the base alone on the
+    tune episodes; a start below the base is dropped for the zero residual (the base acts,
+    exactly), otherwise the pretrained actor is kept."""
+    ft = _finetuner()
+    calls = []
+
+    def fake_evaluate(episodes, seed=None, residual=True, diagnostics=False):
+        calls.append((episodes, seed, residual))
+        return {"success": start if residual else base}
+
+    monkeypatch.setattr(ft, "evaluate", fake_evaluate)
+    guard = ft.prepare()["start_guard"]
+    assert calls == [(2, None, False), (2, None, True)]  # tune seeds (seed=None), base and start
+    assert guard == {"split": "tune", "episodes": 2, "base": base, "start": start, "reverted": reverted}
+    states = torch.as_tensor(ft.anchor.data["state"][:64])
+    with torch.no_grad():
+        moved = ft.learner.actor(states).abs().max().item()
+        centre = ft.learner.actor_start(states).abs().max().item()
+    if reverted:
+        assert moved == 0.0 and centre == 0.0
+    else:
+        assert moved > 0.0 and centre == pytest.approx(moved)
+
+
+def test_no_start_guard_without_pretraining_or_when_switched_off(monkeypatch):
+    for spec_change in ({"start_guard": False}, {"learner": TINY.__class__(**{**vars(TINY), "pretrain_updates": 0})}):
+        ft = _finetuner()
+        ft.spec = ft.spec.__class__(**{**vars(ft.spec), **spec_change})
+        monkeypatch.setattr(ft, "evaluate", lambda *a, **k: pytest.fail("the guard evaluated"))
+        assert "start_guard" not in ft.prepare()

@@ -1,16 +1,22 @@
-"""``arli bench latency-sweep`` with a tiny budget: structure, caching, report."""
+"""``arli bench latency-sweep``: the plan, the report's schema, the paired intervals and the
+verdicts on hand-built cells (fast); a real sweep with a tiny budget (slow)."""
 
 import json
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
+from arli.cli import compose
+
 ARGS = ["env=pick_cube", "checkpoint=expert", "budget=150", "seeds=[0,1]", "delay_steps=[4]",
-        "variants=[base_naive,arli,standard_d0,bc_control,anchor_only]", "eval_episodes=2", "workers=1",
-        "run.anchor_episodes=1", "run.learn_after=50", "run.learner.hidden=32", "run.learner.critic_hidden=32",
-        "run.learner.batch_size=32", "run.learner.critic_warmup_updates=10", "run.learner.pretrain_updates=10"]
+        "variants=[base_naive,arli,standard_d0,bc_control,uniform_control,anchor_only,ceiling]", "eval_episodes=2",
+        "workers=1", "run.anchor_episodes=1", "run.learn_after=50", "run.learner.hidden=32",
+        "run.learner.critic_hidden=32", "run.learner.batch_size=32", "run.learner.critic_warmup_updates=10",
+        "run.learner.pretrain_updates=10"]
+REQUIRED_CELL = {"variant", "delay_steps", "seeds", "success_mean", "ci95", "start_mean", "gain_ci95"}
 
 
 def _sweep(tmp_path, *extra, cache="cells.jsonl"):
@@ -26,29 +32,34 @@ def _sweep(tmp_path, *extra, cache="cells.jsonl"):
 def test_latency_sweep_cells_cache_and_report(tmp_path):
     out = _sweep(tmp_path)
     assert out["env"] == "pick_cube" and out["budget"] == 150 and out["regime"] == "rl"
+    assert out["eval"] == {"split": "test", "seed_base": 5_000_000, "episodes": 2}
     keys = {(c["variant"], c["delay_steps"]) for c in out["cells"]}
-    assert keys == {("base_naive", 4), ("arli", 4), ("standard_d0", 0), ("bc_control", 4), ("anchor_only", 4)}
+    assert keys == {("base_naive", 4), ("arli", 4), ("standard_d0", 0), ("bc_control", 4), ("uniform_control", 4),
+                    ("anchor_only", 4)}
     for c in out["cells"]:
-        assert c["seeds"] == 2 and 0 <= c["success_mean"] <= 1 and c["success_std"] >= 0
-        assert set(c) >= {"variant", "delay_steps", "success_mean", "success_std", "seeds", "steps_to_80"}
+        assert set(c) >= REQUIRED_CELL and c["seeds"] == [0, 1] and 0 <= c["success_mean"] <= 1
+        assert c["ci95"][0] <= c["success_mean"] <= c["ci95"][1]
+        assert (c["start_mean"] is None) == (c["variant"] == "base_naive")
+    assert [c["delay_steps"] for c in out["ceiling"]] == [4] and 0 <= out["ceiling"][0]["success"] <= 1
     rows = [json.loads(line) for line in (tmp_path / "cells.jsonl").read_text().splitlines()]
-    assert len(rows) == 10 and all(r["budget"] == 150 for r in rows)
-    # anchor_only never trains online: its curve is empty; bc_control and arli train
-    curves = {(r["variant"], r["seed"]): r.get("curve") for r in rows}
-    assert curves[("anchor_only", 0)] == [] and len(curves[("arli", 0)]) >= 1
+    assert len(rows) == 13 and all(r["budget"] == 150 for r in rows)  # 6 variants x 2 seeds + 1 ceiling cell
+    # anchor_only never trains online: its curve is empty and its start is its final; the others train
+    by_cell = {(r["variant"], r["seed"]): r for r in rows}
+    assert by_cell[("anchor_only", 0)]["curve"] == [] and len(by_cell[("arli", 0)]["curve"]) >= 1
+    assert by_cell[("anchor_only", 0)]["start_outcomes"] == by_cell[("anchor_only", 0)]["outcomes"]
+    for v in ("arli", "bc_control", "uniform_control", "standard_d0"):
+        assert len(by_cell[(v, 0)]["start_outcomes"]) == 2
     assert json.loads((tmp_path / "reports" / "latency_sweep.json").read_text())["cells"] == out["cells"]
     md = (tmp_path / "reports" / "latency_sweep.md").read_text()
-    assert "budget=150" in md and "Expected results" in md
+    assert "budget=150" in md and "Expected results" in md and "ceiling" in md
     verdicts = {v["claim"]: v for v in out["verdicts"]}
-    assert verdicts["arli@4 > anchor_only@4"]["holds"] is not None  # both cells exist: computed
+    assert verdicts["arli@4 - start@4 >= +0.05, gain CI excludes 0"]["holds"] is not None  # computed
     assert verdicts["standard@4 <= arli@4 - 0.20"]["holds"] is None  # standard@4 not run
-    by = {(c["variant"], c["delay_steps"]): c["success_mean"] for c in out["cells"]}
-    assert verdicts["arli@4 > anchor_only@4"]["holds"] == (by[("arli", 4)] > by[("anchor_only", 4)])
     assert (tmp_path / "reports" / "latency_sweep.png").stat().st_size > 1000
     # a second run finds every cell in the cache and runs nothing new
     again = _sweep(tmp_path)
     assert again["cells"] == out["cells"]
-    assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 10
+    assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 13
     # each row lists the source files its cell ran: the residual cells ran the learner, the
     # base-policy cells did not need it; a row whose learner file changed is stale
     by_variant = {r["variant"]: r for r in rows}
@@ -68,36 +79,294 @@ def test_latency_sweep_cells_cache_and_report(tmp_path):
     stale = _sweep(tmp_path, "report_only=true", cache="stale.jsonl")
     assert ("arli", 4) not in {(c["variant"], c["delay_steps"]) for c in stale["cells"]}
     assert ("bc_control", 4) in {(c["variant"], c["delay_steps"]) for c in stale["cells"]}
-    # a changed learner recipe invalidates the residual cells, not the base-policy ones
+    # a changed learner recipe invalidates the residual cells, not the base-policy ones; the
+    # ceiling reads only the bound
     changed = _sweep(tmp_path, "run.learner.anchor_weight=7.0", "report_only=true")
     assert {(c["variant"], c["delay_steps"]) for c in changed["cells"]} == {("base_naive", 4)}
+    assert len(changed["ceiling"]) == 1
+    rescaled = _sweep(tmp_path, "run.learner.residual_scale=0.5", "report_only=true")
+    assert rescaled["ceiling"] == []
+
+
+# -- hand-built rows -----------------------------------------------------------------------
+N = 100  # test episodes per seed
+
+
+def _hits(k: int, n: int = N) -> list[int]:
+    """Episodes 0..k-1 succeed: policies built this way are nested, so their paired
+    differences have one sign on every episode."""
+    return [1] * k + [0] * (n - k)
+
+
+def _row(variant, d, seed, k, start=None, n=N):
+    from arli.bench.latency_sweep import RL_VARIANTS
+
+    row = {"variant": variant, "delay_steps": d, "seed": seed, "success": k / n, "outcomes": _hits(k, n),
+           "steps_to_80": None}
+    if variant in RL_VARIANTS:
+        row.update(start_success=start / n, start_outcomes=_hits(start, n))
+    if variant == "ceiling":
+        row.update(seed=None, scale=0.3, grip_authority=False)
+    return row
+
+
+def _cfg(*extra):
+    return compose("bench_latency_sweep", ["checkpoint=expert", "seeds=[0,1]", *extra])
+
+
+def _rows(spec: dict, seeds=(0, 1)) -> list[dict]:
+    """{(variant, d): k or (k, start)} -> rows for every seed (the ceiling: one row)."""
+    rows = []
+    for (variant, d), k in spec.items():
+        k, start = k if isinstance(k, tuple) else (k, None)
+        rows += [_row(variant, d, None, k)] if variant == "ceiling" else \
+            [_row(variant, d, s, k, start) for s in seeds]
+    return rows
+
+
+def _verdicts(spec: dict, cfg=None) -> dict[str, dict]:
+    from arli.bench.latency_sweep import aggregate, ceiling_cells, verdicts
+
+    cfg = cfg or _cfg()
+    rows = _rows(spec)
+    checks = verdicts(aggregate(rows, cfg), ceiling_cells(rows), list(cfg.delay_steps), cfg.chunking.strategy)
+    return {c["claim"]: c for c in checks}
+
+
+HOLDS = {("base_naive", 0): 80, ("base_naive", 4): 30, ("base_naive", 8): 10,
+         ("arli", 0): (98, 85), ("arli", 4): (97, 85), ("arli", 8): (93, 80),
+         ("ceiling", 0): 100, ("ceiling", 4): 100, ("ceiling", 8): 99,
+         ("bc_control", 4): (85, 85), ("bc_control", 8): (85, 80),
+         ("uniform_control", 4): (88, 85), ("uniform_control", 8): (86, 80),
+         ("standard", 0): (96, 85), ("standard", 4): (60, 50), ("standard", 8): (30, 20),
+         ("arli_no_committed", 8): (80, 80), ("arli_no_midobs", 8): (85, 80)}
+FAILS = {("base_naive", 0): 95, ("base_naive", 4): 95, ("base_naive", 8): 95,
+         ("arli", 0): (90, 88), ("arli", 4): (90, 88), ("arli", 8): (85, 84),
+         ("ceiling", 0): 100, ("ceiling", 4): 100, ("ceiling", 8): 99,
+         ("bc_control", 4): (89, 88), ("bc_control", 8): (84, 84),
+         ("uniform_control", 4): (92, 88), ("uniform_control", 8): (85, 84),
+         ("standard", 0): (98, 85), ("standard", 4): (80, 50), ("standard", 8): (30, 20),
+         ("arli_no_committed", 8): (85, 84), ("arli_no_midobs", 8): (90, 84)}
+FAMILIES = {"target", "gain_over_start", "controls", "standard", "ideal", "ablations", "not_below_base"}
+
+
+def test_each_verdict_family_holds_on_good_cells_and_fails_on_bad_ones():
+    good, bad = _verdicts(HOLDS), _verdicts(FAILS)
+    assert good.keys() == bad.keys() and {c["family"] for c in good.values()} == FAMILIES
+    # the default sweep: 3 targets, gain at 3 delays, 2 controls at d = 4 and 8, standard, ideal, 2 ablations,
+    # not below the base at 3 delays
+    assert len(good) == 3 + 3 + 4 + 1 + 1 + 2 + 3
+    assert [c["claim"] for c in good.values() if not c["holds"]] == []
+    assert [c["claim"] for c in bad.values() if c["holds"] is not False] == []
+    # the numbers behind them
+    t8 = good["arli@8 >= 0.90 (ceiling@8 - 0.03 where the ceiling is lower)"]["values"]
+    assert t8["target"] == 0.90 and t8["arli@8"] == 0.93 and t8["ceiling@8"] == 0.99
+    c = bad["arli@4 >= uniform_control@4 + 0.05 (paired CI > 0)"]["values"]
+    assert c["difference"] == -0.02 and c["difference_ci95"][1] <= 0
+    base = bad["arli@8 not below base_naive@8 (paired CI of arli - base not entirely below 0)"]["values"]
+    assert base["difference"] == -0.10 and base["difference_ci95"][1] < 0
+
+
+def test_not_below_the_base_holds_when_the_interval_straddles_zero():
+    # arli succeeds on 10 episodes the base fails and fails on 12 it solves: -0.02, CI around 0
+    from arli.bench.latency_sweep import aggregate, verdicts
+
+    cfg = _cfg("delay_steps=[4]")
+    rows = [_row("base_naive", 4, s, 50) for s in (0, 1)]
+    rows += [{**_row("arli", 4, s, 48, 40), "outcomes": [0] * 12 + [1] * 38 + [1] * 10 + [0] * 40} for s in (0, 1)]
+    (check,) = [c for c in verdicts(aggregate(rows, cfg), [], [4]) if c["family"] == "not_below_base"
+                and "@4" in c["claim"]]
+    lo, hi = check["values"]["difference_ci95"]
+    assert lo < 0 < hi and check["holds"] is True
+
+
+def test_a_missing_cell_leaves_its_rules_not_evaluated():
+    partial = {k: v for k, v in HOLDS.items() if k not in {("bc_control", 4), ("arli", 0), ("standard", 4)}}
+    got = _verdicts(partial)
+    assert got["arli@4 >= bc_control@4 + 0.05 (paired CI > 0)"]["holds"] is None
+    assert got["arli@8 >= bc_control@8 + 0.05 (paired CI > 0)"]["holds"] is True  # its own cells exist
+    assert got["arli@0 >= 0.95 (ceiling@0 - 0.03 where the ceiling is lower)"]["holds"] is None
+    assert got["arli@0 - start@0 >= +0.05, gain CI excludes 0"]["holds"] is None
+    assert got["standard@4 <= arli@4 - 0.20"]["holds"] is None
+    assert got["arli@4 >= standard@0 - 0.03"]["holds"] is True
+    # without a ceiling cell the nominal target stands
+    no_ceiling = _verdicts({k: v for k, v in HOLDS.items() if k[0] != "ceiling"})
+    t4 = no_ceiling["arli@4 >= 0.95 (ceiling@4 - 0.03 where the ceiling is lower)"]
+    assert t4["holds"] is True and t4["values"]["target"] == 0.95 and t4["values"]["ceiling@4"] is None
+
+
+def test_a_lower_ceiling_lowers_the_target():
+    claim = "arli@8 >= 0.90 (ceiling@8 - 0.03 where the ceiling is lower)"
+    cells = {("arli", 8): (85, 80)}
+    assert _verdicts({**cells, ("ceiling", 8): 95})[claim]["holds"] is False  # a ceiling above 0.90: 0.90 stands
+    low = _verdicts({**cells, ("ceiling", 8): 80})[claim]
+    assert low["holds"] is True and low["values"]["target"] == 0.77
+    assert low["values"]["ci_lower_clears_target"] == (low["values"]["ci95"][0] >= 0.77)
+    assert _verdicts({**cells, ("ceiling", 8): 90})[claim]["values"]["target"] == 0.90  # not lower: unchanged
+    too_low = _verdicts({("arli", 8): (75, 70), ("ceiling", 8): 80})[claim]
+    assert too_low["holds"] is False and too_low["values"]["target"] == 0.77
+
+
+def test_the_gain_interval_is_paired_on_the_same_episodes():
+    """Final = start plus 9 more solved episodes out of 60 on each seed: the paired gain is
+    clearly positive although the two success intervals overlap; the same success rates on
+    unrelated episodes would give no such interval."""
+    from arli.bench.latency_sweep import aggregate
+    from arli.stats import gain_ci
+
+    cfg = _cfg("delay_steps=[4]", "variants=[arli]")
+    rows = [_row("arli", 4, s, 39, 30, n=60) for s in (0, 1)]
+    (cell,) = aggregate(rows, cfg)
+    assert cell["start_mean"] == 0.5 and cell["success_mean"] == 0.65 and cell["gain_mean"] == 0.15
+    assert cell["ci95"][0] < cell["start_ci95"][1]  # the marginal intervals overlap
+    assert cell["gain_ci95"][0] > 0.05
+    finals = np.array([r["outcomes"] for r in rows], float)
+    starts = np.array([r["start_outcomes"] for r in rows], float)
+    assert cell["gain_ci95"] == [round(x, 4) for x in gain_ci(finals, starts)]
+    # the same rates with the start's successes on other episodes: unpaired, the interval straddles 0
+    shuffled = [{**r, "start_outcomes": list(np.random.default_rng(r["seed"]).permutation(r["start_outcomes"]))}
+                for r in rows]
+    (other,) = aggregate(shuffled, cfg)
+    assert other["gain_mean"] == 0.15 and other["gain_ci95"][0] < cell["gain_ci95"][0]
+
+
+def test_the_report_writes_every_required_field(tmp_path):
+    """The default variant list on hand-built cached rows, through main(report_only=true):
+    JSON with the fixed schema, markdown with the table, the ceiling and the command, the plot."""
+    from arli.bench import latency_sweep as ls
+
+    cache = tmp_path / "cells.jsonl"
+    cfg = _cfg("report_only=true", f"cache={cache}", f"report_dir={tmp_path}", "name=latency_sweep_test",
+               "eval_episodes=100")
+    cfg_dict = ls.cell_settings(cfg)
+    sources = {"arli/stats.py": ls._file_digest("arli/stats.py")}
+    spec = {**HOLDS, **{(v, d): 70 for v in ("base_sync", "base_rtc") for d in (0, 4, 8)},
+            **{(v, d): (90, 85) for v in ("arli_no_committed", "arli_no_midobs") for d in (0, 4)}}
+    spec.pop(("uniform_control", 8))  # one cell not run
+    rows = [{**r, "fingerprint": ls.fingerprint(cfg_dict, r["variant"]), "sources": sources} for r in _rows(spec)]
+    cache.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert ls.main(cfg) == 0
+    report = json.loads((tmp_path / "latency_sweep_test.json").read_text())
+    assert set(report) >= {"env", "regime", "budget", "eval", "cells", "ceiling", "verdicts", "missing"}
+    assert report["env"] == "peg_insert" and report["regime"] == "rl" and report["budget"] == 50_000
+    assert report["eval"] == {"split": "test", "seed_base": 5_000_000, "episodes": 100}
+    keys = {(c["variant"], c["delay_steps"]) for c in report["cells"]}
+    assert len(keys) == 3 * 3 + 4 * 3 + 2 + 1  # base x3, arli / ablations / standard, bc x2, uniform x1
+    for c in report["cells"]:
+        assert set(c) >= REQUIRED_CELL and c["seeds"] == [0, 1]
+        assert c["ci95"][0] <= c["success_mean"] <= c["ci95"][1]
+        assert "_outcomes" not in c and "outcomes" not in c
+        if c["variant"].startswith("base_"):
+            assert c["start_mean"] is None and c["gain_ci95"] is None
+        else:
+            lo, hi = c["gain_ci95"]
+            assert isinstance(c["start_mean"], float) and lo <= c["success_mean"] - c["start_mean"] <= hi
+    assert [(c["delay_steps"], c["success"]) for c in report["ceiling"]] == [(0, 1.0), (4, 1.0), (8, 0.99)]
+    assert report["missing"] == [["uniform_control", 8, 0], ["uniform_control", 8, 1]]
+    claims = {v["claim"]: v["holds"] for v in report["verdicts"]}
+    assert claims["arli@8 >= uniform_control@8 + 0.05 (paired CI > 0)"] is None
+    assert claims["arli@4 >= uniform_control@4 + 0.05 (paired CI > 0)"] is True
+    md = (tmp_path / "latency_sweep_test.md").read_text()
+    assert "| arli | 4 | [0, 1] | 0.970 [" in md and "**ceiling**" in md
+    assert "![latency sweep](latency_sweep_test.png)" in md
+    assert "arli bench latency-sweep env=peg_insert budget=50000" in md and "name=latency_sweep_test" in md
+    assert "does NOT hold" not in md and "not evaluated" in md  # the one missing cell
+    assert (tmp_path / "latency_sweep_test.png").stat().st_size > 1000
+
+
+def test_a_cached_rl_row_without_its_anchored_start_is_recomputed(tmp_path):
+    from arli.bench import latency_sweep as ls
+
+    cfg = _cfg("delay_steps=[4]", "variants=[base_naive,arli]")
+    cfg_dict = ls.cell_settings(cfg)
+    sources = {"arli/stats.py": ls._file_digest("arli/stats.py")}
+    complete = [{**r, "fingerprint": ls.fingerprint(cfg_dict, r["variant"]), "sources": sources}
+                for r in _rows({("base_naive", 4): 30, ("arli", 4): (90, 80)})]
+    old = [{k: v for k, v in r.items() if k not in ("start_outcomes", "start_success")} for r in complete]
+    path = tmp_path / "cells.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in old))
+    done = ls.load_cache(str(path), cfg_dict)
+    assert set(done) == {("base_naive", 4, 0), ("base_naive", 4, 1)}  # the arli rows are to run again
+    assert [c for c in ls.plan(cfg) if c not in done] == [("arli", 4, 0), ("arli", 4, 1)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in complete))
+    assert len(ls.load_cache(str(path), cfg_dict)) == 4
+
+
+def test_controls_run_at_every_positive_delay_and_the_ceiling_once_per_delay():
+    from arli.bench.latency_sweep import plan
+    from arli.config import DEFAULT_SWEEP_VARIANTS
+
+    cfg = compose("bench_latency_sweep", [])
+    assert cfg.eval_episodes == 200 and cfg.seeds == [10, 11, 12] and cfg.delay_steps == [0, 4, 8]
+    assert cfg.name == "latency_sweep" and cfg.report_dir == "reports"
+    assert list(cfg.variants) == list(DEFAULT_SWEEP_VARIANTS)
+    assert not {"standard_d0", "stepwise_d0", "anchor_only"} & set(cfg.variants)
+    cells = plan(cfg)
+    for control in ("bc_control", "uniform_control"):
+        assert sorted({(d, s) for v, d, s in cells if v == control}) == [(d, s) for d in (4, 8) for s in (10, 11, 12)]
+    assert sorted((d, s) for v, d, s in cells if v == "ceiling") == [(0, None), (4, None), (8, None)]
+    assert sorted({d for v, d, _ in cells if v == "arli"}) == [0, 4, 8]
+    other = plan(compose("bench_latency_sweep", ["delay_steps=[0,2,8]", "seeds=[5]"]))
+    assert sorted(d for v, d, _ in other if v == "uniform_control") == [2, 8]
+
+
+def test_uniform_control_weights_every_row_one_and_bc_control_drops_the_critic():
+    from arli.bench.latency_sweep import cell_settings, cell_spec
+    from arli.config import ConfigError
+
+    cfg_dict = cell_settings(compose("bench_latency_sweep", ["checkpoint=expert", "budget=2000"]))
+    arli, uniform, bc = (cell_spec(cfg_dict, v, 2) for v in ("arli", "uniform_control", "bc_control"))
+    assert uniform.learner.awr_weights == "uniform" and uniform.learner.q_weight == arli.learner.q_weight == 1.0
+    assert arli.learner.awr_weights == "advantage" and bc.learner.awr_weights == "advantage"
+    assert bc.learner.q_weight == 0.0
+    for spec in (arli, uniform, bc):  # otherwise the same run as arli's
+        assert spec.variant == "arli" and spec.seed == 2 and spec.env_steps == 2000
+    assert uniform.learner == arli.learner.__class__(**{**vars(arli.learner), "awr_weights": "uniform"})
+    with pytest.raises(ConfigError, match="uniform_control"):  # uniform weights are AWR's
+        compose("bench_latency_sweep", ["run.learner.actor_update=dpg"])
+    compose("bench_latency_sweep", ["run.learner.actor_update=dpg", "variants=[arli,bc_control]"])
 
 
 def test_ideal_reference_reuses_standard_at_zero_delay():
     from arli.bench.latency_sweep import IDEAL, aggregate, plan
-    from arli.cli import compose
 
     cfg = compose("bench_latency_sweep", ["seeds=[0,1]", "delay_steps=[0,4]",
                                           "variants=[standard,standard_d0]"])
     cells = plan(cfg)
     assert all(v != IDEAL for v, _, _ in cells) and len(cells) == 4  # not run twice
-    rows = [{"variant": "standard", "delay_steps": d, "seed": s, "success": 0.1 * (s + 1) + d,
-             "steps_to_80": None} for _, d, s in cells]
+    rows = [_row("standard", d, s, 10 * (s + 1) + d, 5) for _, d, s in cells]
     agg = {(c["variant"], c["delay_steps"]): c for c in aggregate(rows, cfg)}
     assert agg[(IDEAL, 0)]["success_mean"] == agg[("standard", 0)]["success_mean"] == 0.15
-    assert agg[(IDEAL, 0)]["seeds"] == 2
+    assert agg[(IDEAL, 0)]["seeds"] == [0, 1]
+    # without d = 0 in the sweep, standard_d0 runs itself and stands in for standard@0 in the verdicts
+    alone = compose("bench_latency_sweep", ["delay_steps=[4]", "variants=[arli,standard_d0]"])
+    assert sorted({(v, d) for v, d, _ in plan(alone)}) == [("arli", 4), (IDEAL, 0)]
+    got = _verdicts({("arli", 4): (90, 80), (IDEAL, 0): (92, 80)}, alone)
+    assert got["arli@4 >= standard@0 - 0.03"]["holds"] is True
+    assert got["arli@4 >= standard@0 - 0.03"]["values"]["standard@0"] == 0.92
 
 
 def test_report_command_names_every_non_default_setting_it_needs_to_reproduce():
     """The command a report prints must rerun the same cells: a non-default base checkpoint
     (the seeded-base sweep once printed a command that ran on another base) and learner
     overrides appear; defaults do not."""
-    from arli.bench.latency_sweep import non_default_settings
-    from arli.cli import compose
+    from arli.bench.latency_sweep import command, non_default_settings
 
     plain = compose("bench_latency_sweep", ["env=peg_insert"])
     assert non_default_settings(plain) == []
+    assert command(plain) == ("arli bench latency-sweep env=peg_insert budget=50000 'seeds=[10, 11, 12]' "
+                              "'delay_steps=[0, 4, 8]' eval_episodes=200")
     cfg = compose("bench_latency_sweep", ["env=peg_insert", "checkpoint=checkpoints/base_peg_insert_seeded",
                                           "run.learner.start_weight=1.0", "variants=[arli,anchor_only]"])
     assert non_default_settings(cfg) == ["checkpoint=checkpoints/base_peg_insert_seeded",
                                          "run.learner.start_weight=1.0", "'variants=[arli,anchor_only]'"]
+    dynamic = compose("bench_latency_sweep", ["env=peg_insert_dynamic", "delay_steps=[4,8]",
+                                              "variants=[arli,standard]", "name=latency_sweep_peg_insert_dynamic"])
+    assert command(dynamic).endswith("'variants=[arli,standard]' name=latency_sweep_peg_insert_dynamic")
+
+
+def test_the_report_name_is_a_file_name():
+    from arli.config import ConfigError
+
+    with pytest.raises(ConfigError, match="name"):
+        compose("bench_latency_sweep", ["name=reports/x"])

@@ -412,6 +412,95 @@ def test_select_update_and_value_gating_follow_the_critic():
     assert np.linalg.norm(gated - C, axis=-1).mean() < 0.7 * np.linalg.norm(C)
 
 
+def _executed_at_s1(learner):
+    ctx = np.random.default_rng(3).normal(size=(100, D - 1)).astype(np.float32)
+    s1 = torch.from_numpy(np.c_[ctx, np.ones(100)].astype(np.float32))
+    with torch.no_grad():
+        return compose_action(torch.zeros(100, M), learner.actor(s1), 1.0).mean(0).numpy()
+
+
+def test_consistent_awr_and_the_uniform_control():
+    """awr_advantage=q (Q(s, a) - Q(s, pi(s)), the same online heads on both sides) walks the
+    executed action at s1 to the critic's argmax C even with the bad anchor rows in every
+    batch; awr_weights=uniform regresses onto every row alike, so it lands between the
+    random online actions (mean 0) and the anchor's bad action, far from C."""
+    buf, anchor = _toy_mdp(), _bad_anchor(np.random.default_rng(5))
+    common = dict(critic_warmup_updates=1500, actor_lr=1e-3, residual_scale=1.0, policy_delay=1,
+                  anchor_ratio=0.5, actor_update="awr", awr_temperature=0.05)
+    consistent = _toy_learner(awr_advantage="q", anchor_weight=0.0, **common)
+    uniform = _toy_learner(awr_weights="uniform", **common)
+    stats = {}
+    for name, learner in (("consistent", consistent), ("uniform", uniform)):
+        for _ in range(2500):
+            stats[name] = learner.update(buf, anchor)
+    assert np.linalg.norm(_executed_at_s1(consistent) - C) < 0.15
+    bad = np.array([-0.9, 0.9])
+    # every row weighs 1: at s1 the anchor rows (half the batch, all at s1) outnumber the
+    # online rows (a quarter: half the online rows are at s0) 2:1, so the target is 2/3 bad
+    assert np.linalg.norm(_executed_at_s1(uniform) - 2 * bad / 3) < 0.1
+    assert stats["uniform"]["weight_online"] == pytest.approx(0.5, abs=0.1)
+    assert stats["uniform"]["advantage"] == 0.0
+
+
+def test_anchor_bc_fades_out_after_the_warm_up():
+    """anchor_decay_updates: the anchor rows' weight is anchor_weight through the critic
+    warm-up, falls linearly to 0 over the next anchor_decay_updates updates, and then the
+    critic alone steers (dpg): the executed action reaches C despite the bad anchor; without
+    the fade, the same run stays pulled toward the anchor."""
+    buf, anchor = _toy_mdp(), _bad_anchor(np.random.default_rng(5))
+    common = dict(critic_warmup_updates=1500, actor_lr=1e-3, residual_scale=1.0, policy_delay=1,
+                  anchor_ratio=0.5, actor_update="dpg", q_weight=1.0, anchor_weight=1.0)
+    fading = _toy_learner(anchor_decay_updates=400, **common)
+    kept = _toy_learner(anchor_decay_updates=0, **common)
+    weights = []
+    for i in range(3000):
+        fading.update(buf, anchor)
+        kept.update(buf, anchor)
+        if i + 1 in (1500, 1700, 1900, 3000):
+            weights.append(fading.anchor_weight())
+    assert weights == pytest.approx([1.0, 0.5, 0.0, 0.0])
+    assert kept.anchor_weight() == 1.0
+    gap_fading = np.linalg.norm(_executed_at_s1(fading) - C)
+    assert gap_fading < 0.15
+    assert np.linalg.norm(_executed_at_s1(kept) - C) > 2 * gap_fading
+
+
+def test_max_q_backup_values_what_a_gated_actor_would_do():
+    """backup_candidates: s0's target bootstraps through the best of candidates around pi'(s1)
+    (pi' = 0 here), so Q(s0) rises above gamma * Q(s1, 0) toward gamma * max_a Q(s1, a) = 0.9,
+    where the TD3 backup recovers gamma * _q1(0) exactly."""
+    buf, empty = _toy_mdp(), ReplayBuffer(8, D, M)
+    plain = _toy_learner()
+    maxq = _toy_learner(backup_candidates=16, gate_std=0.5)
+    for _ in range(1500):
+        plain.update(buf, empty)
+        maxq.update(buf, empty)
+    ctx = np.random.default_rng(7).normal(size=(200, D - 1)).astype(np.float32)
+    s0, a = np.c_[ctx, np.zeros(200)], np.zeros((200, M), np.float32)
+    td3 = 0.9 * float(_q1(np.zeros(M)))
+    assert abs(plain.q_value(s0, a).mean() - td3) < 0.03
+    # the best reachable bootstrap is 0.9 * 1 = 0.9, 0.029 above TD3's: max-Q finds part of it
+    assert maxq.q_value(s0, a).mean() > plain.q_value(s0, a).mean() + 0.005
+    assert maxq.q_value(s0, a).mean() < 0.9 + 0.02
+
+
+def test_grad_clip_bounds_the_step_direction_norm():
+    """grad_clip: the critic's flat gradient is rescaled to at most grad_clip before the step."""
+    buf, empty = _toy_mdp(), ReplayBuffer(8, D, M)
+    free, clipped = _toy_learner(), _toy_learner(grad_clip=1e-3)
+    free_norm = free.update(buf, empty, diagnostics=True)["critic_grad_norm"]
+    clipped_norm = clipped.update(buf, empty, diagnostics=True)["critic_grad_norm"]
+    assert free_norm > 1e-2
+    assert clipped_norm == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_awr_only_settings_are_refused_for_other_actor_updates():
+    with pytest.raises(Exception, match="run.learner.awr_advantage"):
+        LearnerConfig(actor_update="dpg", awr_advantage="td").validate()
+    with pytest.raises(Exception, match="run.learner.awr_weights"):
+        LearnerConfig(awr_weights="sometimes").validate()
+
+
 def test_divergence_stops_with_a_clear_error():
     cfg = LearnerConfig(batch_size=8, hidden=8, critic_hidden=8, buffer_size=64)
     learner = ResidualLearner(cfg, D, M)

@@ -1,11 +1,16 @@
 """``arli bench latency-sweep``: the method's claims, measured.
 
-Success (mean ± std over seeds, ``eval_episodes`` per seed) of the base policy (sync, async
-naive, async rtc) and of residual RL with each state variant of DESIGN.md §2 at every delay,
-the zero-delay references (``standard_d0``, ``stepwise_d0``), two controls at d = 4 on the
-same anchor data (``bc_control``: the same learner with the critic's influence off;
-``anchor_only``: the anchor-pretrained start, no online step) and environment steps to 80%.
-Every variant uses the same evaluation code, seeds, episode count, regime and step budget.
+Success of the base policy (sync, async naive, async rtc) and of residual RL with each state
+variant of DESIGN.md §2 at every delay, each RL cell next to its anchored start (the
+anchor-pretrained residual before any online step, on the same test episodes), two
+controls at every delay > 0 on the same anchor data (``bc_control``: the same learner with
+the critic's influence off; ``uniform_control``: AWR with every row weighted 1, so the
+critic steers nothing), and the residual's ceiling (``ceiling``: the projected expert of
+``arli bench ceiling`` through the same scheduler and default bound, no learning). Every
+cell is evaluated on the same test episodes (seeds ``run.test_seed ..``); success is given
+with a two-level bootstrap interval over training seeds x episodes, gains as paired
+intervals (``arli.stats``), and the issue's expected results as verdicts computed from them.
+
 Cells run in worker processes and are cached as they finish (``cache``), so an interrupted
 sweep resumes where it stopped. A cached cell stays valid while its settings and the
 checkpoint's content are the same and every repository source file the cell actually ran
@@ -27,83 +32,121 @@ import numpy as np
 from tqdm import tqdm
 
 from arli.bench.common import machine_info, print_last_line_json, success_plot, write_report
+from arli.config import DEFAULT_SWEEP_VARIANTS, LatencySweepConfig
 from arli.pretrain import ensure_base_policy
-from arli.config import SWEEP_VARIANTS, LatencySweepConfig
-from arli.stats import success_ci
+from arli.stats import gain_ci, success_ci
 
 BASE_VARIANTS = {"base_sync": "sync", "base_naive": "naive", "base_rtc": "rtc"}
-# sweep variant -> (state variant, fixed delay or None = every delay of the sweep)
-RL_VARIANTS = {"arli": ("arli", None), "arli_no_committed": ("arli_no_committed", None),
-               "arli_no_midobs": ("arli_no_midobs", None), "standard": ("standard", None),
+ALL, POSITIVE = "all", "positive"  # every delay of the sweep / every delay of the sweep > 0
+# sweep variant -> (state variant, its delays: ALL, POSITIVE or one fixed delay)
+RL_VARIANTS = {"arli": ("arli", ALL), "arli_no_committed": ("arli_no_committed", ALL),
+               "arli_no_midobs": ("arli_no_midobs", ALL), "standard": ("standard", ALL),
                "standard_d0": ("standard", 0), "stepwise_d0": ("stepwise", 0),
-               "bc_control": ("arli", 4), "anchor_only": ("arli", 4)}
+               "bc_control": ("arli", POSITIVE), "uniform_control": ("arli", POSITIVE),
+               "anchor_only": ("arli", POSITIVE)}
+CEILING = "ceiling"  # the projected expert at the default bound, no gripper authority: one cell per delay
 IDEAL = "standard_d0"
+# 2: every RL row carries its anchored start (start_success, start_outcomes); rows without it
+# are recomputed
+CELL_FORMAT = 2
+
+# the issue's expected results
+TARGETS = {0: 0.95, 4: 0.95, 8: 0.90}  # arli@d >= target (ceiling - CEILING_MARGIN where the ceiling is lower)
+CEILING_MARGIN = 0.03
+MIN_GAIN = 0.05  # arli over its anchored start, at every delay
+CONTROL_MARGIN = 0.05  # arli over bc_control / uniform_control, at every delay > 0
+STANDARD_GAP = 0.20  # standard@4 <= arli@4 - STANDARD_GAP
+IDEAL_MARGIN = 0.03  # arli@4 >= standard@0 - IDEAL_MARGIN
+ABLATION_DELAY = 8
+CONTROLS = ("bc_control", "uniform_control")
+ABLATIONS = ("arli_no_committed", "arli_no_midobs")
 
 
-def run_cell(cfg_dict: dict, variant: str, delay: int, seed: int) -> dict:
-    """One (variant, delay, seed) cell; runs in a worker process."""
-    import torch  # noqa: PLC0415
-
-    from arli.chunking import ChunkingConfig  # noqa: PLC0415
-    from arli.finetune import Finetuner  # noqa: PLC0415
-    from arli.latency import FixedLatency  # noqa: PLC0415
-    from arli.policies.load import load_base_policy  # noqa: PLC0415
+def cell_spec(cfg_dict: dict, variant: str, seed: int):
+    """The ``RunSpec`` of one residual-RL cell: the sweep's run settings with the variant's
+    state, this training seed, the sweep's regime and budget, and the controls' learner."""
     from arli.rl.config import InterventionSpec, LearnerConfig, RunSpec  # noqa: PLC0415
-    from arli.rollout import evaluate_policy  # noqa: PLC0415
-    from sim_envs import make_env, task_name  # noqa: PLC0415
-    from sim_envs.experts import EXPERTS  # noqa: PLC0415
 
-    torch.set_num_threads(cfg_dict["threads_per_worker"])
-    name = task_name(cfg_dict["env"]["name"])
-    dt = cfg_dict["env"]["dt"]
-    env = make_env(name, dt=dt)
-    base = load_base_policy(cfg_dict["checkpoint"], env.unwrapped.instruction, name,
-                            cfg_dict["chunk_size"])
-    latency = FixedLatency(delay * dt)
-    episodes = cfg_dict["eval_episodes"]
-    cell = {"variant": variant, "delay_steps": delay, "seed": seed}
-    chunking = ChunkingConfig(**cfg_dict["chunking"])
-    test_seed = cfg_dict["run"]["test_seed"]  # every training seed on the same test episodes: paired cells
-    if variant in BASE_VARIANTS:
-        out = evaluate_policy(env, base, chunking, latency, episodes, test_seed, strategy=BASE_VARIANTS[variant])
-        return {**cell, "success": out["success"], "outcomes": out["outcomes"],
-                "steps_to_80": 0 if out["success"] >= 0.8 else None, "sources": loaded_sources()}
     run = dict(cfg_dict["run"])
     spec = RunSpec(**{**run, "learner": LearnerConfig(**run.pop("learner")),
                       "intervention": InterventionSpec(**run.pop("intervention"))})
     spec = replace(spec, variant=RL_VARIANTS[variant][0], seed=seed, regime=cfg_dict["regime"],
                    env_steps=cfg_dict["budget"], eval_every=max(1, cfg_dict["budget"] // 4))
-    if variant == "bc_control":  # the same learner, the critic steers nothing
+    if variant == "bc_control":  # the same learner, the critic steers nothing: BC on the anchor rows
         spec = replace(spec, learner=replace(spec.learner, q_weight=0.0))
+    elif variant == "uniform_control":  # AWR with every row (online and anchor) weighted 1
+        spec = replace(spec, learner=replace(spec.learner, awr_weights="uniform"))
+    return spec
+
+
+def ceiling_settings(cfg_dict: dict) -> dict:
+    """``arli.bench.ceiling``'s settings for the sweep's task, base and test episodes."""
+    return {**cfg_dict, "episodes": cfg_dict["eval_episodes"], "test_seed": cfg_dict["run"]["test_seed"]}
+
+
+def run_cell(cfg_dict: dict, variant: str, delay: int, seed: int | None) -> dict:
+    """One (variant, delay, seed) cell; runs in a worker process. ``seed`` is None for the
+    ceiling (no training seed: one cell per delay)."""
+    import torch  # noqa: PLC0415
+
+    from arli.bench import ceiling  # noqa: PLC0415
+    from arli.finetune import Finetuner  # noqa: PLC0415
+    from arli.rollout import evaluate_policy  # noqa: PLC0415
+
+    cell = {"variant": variant, "delay_steps": delay, "seed": seed}
+    settings = ceiling_settings(cfg_dict)
+    if variant == CEILING:  # arli bench ceiling's cell: the default bound, the residual's own grip entry
+        out = ceiling.run_cell(settings, delay, cfg_dict["run"]["learner"]["residual_scale"], False)
+        return {**cell, "success": out["success"], "outcomes": out["outcomes"], "scale": out["scale"],
+                "grip_authority": out["grip_authority"], "steps_to_80": None, "sources": loaded_sources()}
+    torch.set_num_threads(cfg_dict["threads_per_worker"])
+    env, base, expert, latency, chunking = ceiling._setup(settings, delay)  # the ceiling's task, base and delay
+    episodes, test_seed = settings["episodes"], settings["test_seed"]  # every cell on the same test episodes
+    if variant in BASE_VARIANTS:
+        out = evaluate_policy(env, base, chunking, latency, episodes, test_seed, strategy=BASE_VARIANTS[variant])
+        return {**cell, "success": out["success"], "outcomes": [int(x) for x in out["outcomes"]],
+                "steps_to_80": 0 if out["success"] >= 0.8 else None, "sources": loaded_sources()}
+    spec = cell_spec(cfg_dict, variant, seed)
     model = getattr(base, "model", None)
-    ft = Finetuner(spec, env, base, EXPERTS[name], latency,
+    ft = Finetuner(spec, env, base, expert, latency,
                    None if model is None else model.state_mean.numpy(),
                    None if model is None else model.state_std.numpy(), chunking)
     ft.prepare()
-    if variant != "anchor_only":
+    start = ft.evaluate(episodes, seed=test_seed)  # the anchored start: 0 online steps
+    if variant == "anchor_only":
+        final = start
+    else:
         ft.train(progress=False)
-    final = ft.evaluate(episodes, seed=test_seed)
+        final = ft.evaluate(episodes, seed=test_seed)
     reached = next((h["env_steps"] for h in ft.history if h["success"] >= 0.8), None)
-    return {**cell, "success": final["success"], "outcomes": final["outcomes"], "steps_to_80": reached,
-            "curve": ft.history, "sources": loaded_sources()}
+    return {**cell, "success": final["success"], "outcomes": [int(x) for x in final["outcomes"]],
+            "start_success": start["success"], "start_outcomes": [int(x) for x in start["outcomes"]],
+            "steps_to_80": reached, "curve": ft.history, "sources": loaded_sources()}
 
 
-def plan(cfg: LatencySweepConfig) -> list[tuple[str, int, int]]:
+def plan(cfg: LatencySweepConfig) -> list[tuple[str, int, int | None]]:
     """All (variant, delay, seed) cells, the headline delay (4) and the ideal reference
-    first, so an interrupted sweep still answers the main question."""
+    first, so an interrupted sweep still answers the main question; the ceiling has one
+    cell per delay (seed None)."""
     cells = []
     for seed in cfg.seeds:
         for variant in cfg.variants:
-            if variant == IDEAL and _ideal_is_standard_d0(cfg):
-                continue  # the same runs as `standard` at d = 0: not computed twice
+            if variant == CEILING or (variant == IDEAL and _ideal_is_standard_d0(cfg)):
+                continue  # the ideal: the same runs as `standard` at d = 0, not computed twice
             cells += [(variant, d, seed) for d in variant_delays(variant, cfg)]
+    if CEILING in cfg.variants:
+        cells += [(CEILING, d, None) for d in variant_delays(CEILING, cfg)]
     order = {4: 0, 0: 1}
-    return sorted(cells, key=lambda c: (order.get(c[1], 2), c[1], c[2]))
+    return sorted(cells, key=lambda c: (order.get(c[1], 2), c[1], -1 if c[2] is None else c[2]))
 
 
 def variant_delays(variant: str, cfg: LatencySweepConfig) -> list[int]:
-    fixed = RL_VARIANTS.get(variant, (None, None))[1]
-    return list(cfg.delay_steps) if fixed is None else [fixed]
+    which = RL_VARIANTS.get(variant, (None, ALL))[1]
+    if which == ALL:
+        return list(cfg.delay_steps)
+    if which == POSITIVE:
+        return [d for d in cfg.delay_steps if d > 0]
+    return [which]
 
 
 def _ideal_is_standard_d0(cfg: LatencySweepConfig) -> bool:
@@ -113,109 +156,248 @@ def _ideal_is_standard_d0(cfg: LatencySweepConfig) -> bool:
 def fingerprint(cfg_dict: dict, variant: str) -> str:
     """Hash of every setting a cell's result depends on: a changed learner recipe, base
     checkpoint, budget or evaluation invalidates the cached cells it affects (and only those:
-    base-policy cells ignore the residual learner's settings). The code a cell ran is
-    checked file by file (``sources``), not here."""
+    base-policy cells ignore the residual learner's settings, the ceiling reads its bound
+    only). The code a cell ran is checked file by file (``sources``), not here."""
     keys = {"env": cfg_dict["env"], "checkpoint": cfg_dict["checkpoint_digest"], "cell": cfg_dict["cell_code"],
-            "eval_episodes": cfg_dict["eval_episodes"], "chunk_size": cfg_dict["chunk_size"],
-            "chunking": cfg_dict["chunking"]}
-    if variant not in BASE_VARIANTS:
+            "eval_episodes": cfg_dict["eval_episodes"], "test_seed": cfg_dict["run"]["test_seed"],
+            "chunk_size": cfg_dict["chunk_size"], "chunking": cfg_dict["chunking"], "format": CELL_FORMAT}
+    if variant == CEILING:
+        keys.update(scale=cfg_dict["run"]["learner"]["residual_scale"])
+    elif variant not in BASE_VARIANTS:
         keys.update(run=cfg_dict["run"], budget=cfg_dict["budget"], regime=cfg_dict["regime"])
     return hashlib.sha1(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def row_complete(row: dict) -> bool:
+    """A cached row the report can use: per-episode outcomes, and for residual-RL cells the
+    anchored start's (rows from older sweeps lack it: they are recomputed)."""
+    if "outcomes" not in row:
+        return False
+    return row["variant"] not in RL_VARIANTS or ("start_outcomes" in row and "start_success" in row)
+
+
 def load_cache(path: str, cfg_dict: dict) -> dict[tuple, dict]:
-    """Cached cells whose settings match and every source file they ran is unchanged."""
+    """Cached cells whose settings match, whose row is complete and every source file they
+    ran is unchanged."""
     done = {}
     if os.path.exists(path):
         with open(path, encoding="utf-8") as fh:
             for line in fh:
                 row = json.loads(line)
-                if (row.get("fingerprint") == fingerprint(cfg_dict, row["variant"])
+                if (row.get("fingerprint") == fingerprint(cfg_dict, row["variant"]) and row_complete(row)
                         and sources_unchanged(row.get("sources"))):
                     done[(row["variant"], row["delay_steps"], row["seed"])] = row
     return done
 
 
+# -- aggregation --------------------------------------------------------------------------
+def _r(x: float) -> float:
+    return round(float(x), 4)
+
+
+def _interval(ci) -> list[float]:
+    return [_r(ci[0]), _r(ci[1])]
+
+
 def aggregate(rows: list[dict], cfg: LatencySweepConfig) -> list[dict]:
+    """One cell per (variant, delay) with rows: success over its seeds with the two-level
+    bootstrap interval; for residual-RL cells the anchored start and the paired gain
+    (final - start on the same seeds and episodes). Keys starting with ``_`` (per-seed
+    outcomes, for the paired verdicts) are not written to the report."""
     if IDEAL in cfg.variants and _ideal_is_standard_d0(cfg):
         rows = [r for r in rows if r["variant"] != IDEAL]
         rows += [{**r, "variant": IDEAL} for r in rows if r["variant"] == "standard" and r["delay_steps"] == 0]
     out = []
     for variant in cfg.variants:
+        if variant == CEILING:
+            continue
         for d in variant_delays(variant, cfg):
-            group = [r for r in rows if r["variant"] == variant and r["delay_steps"] == d]
+            group = sorted((r for r in rows if r["variant"] == variant and r["delay_steps"] == d),
+                           key=lambda r: r["seed"])
             if not group:
                 continue
-            succ = np.array([r["success"] for r in group])
+            finals = np.array([r["outcomes"] for r in group], float)  # (seeds, episodes)
             reached = [r["steps_to_80"] for r in group]
-            paired = all("outcomes" in r for r in group) and len({len(r["outcomes"]) for r in group}) == 1
-            out.append({
-                "variant": variant, "delay_steps": d, "success_mean": round(float(succ.mean()), 4),
-                "success_std": round(float(succ.std()), 4), "seeds": len(group),
-                # 95% bootstrap interval over training seeds and the shared test episodes
-                "ci95": [round(x, 4) for x in success_ci([r["outcomes"] for r in group])] if paired else None,
+            cell = {
+                "variant": variant, "delay_steps": d, "seeds": [r["seed"] for r in group],
+                "success_mean": _r(finals.mean()),
+                # 95% two-level bootstrap interval over training seeds and the shared test episodes
+                "ci95": _interval(success_ci(finals)),
+                "start_mean": None, "gain_ci95": None,
+                "success_std": _r(finals.mean(1).std()), "per_seed": [_r(x) for x in finals.mean(1)],
                 # every seed must reach 80%; the slowest seed decides
                 "steps_to_80": None if any(x is None for x in reached) else int(max(reached)),
-            })
+                "_outcomes": {r["seed"]: r["outcomes"] for r in group},
+            }
+            if variant in RL_VARIANTS:
+                starts = np.array([r["start_outcomes"] for r in group], float)
+                cell.update(start_mean=_r(starts.mean()), gain_ci95=_interval(gain_ci(finals, starts)),
+                            gain_mean=_r(finals.mean() - starts.mean()), start_ci95=_interval(success_ci(starts)),
+                            start_per_seed=[_r(x) for x in starts.mean(1)],
+                            _start_outcomes={r["seed"]: r["start_outcomes"] for r in group})
+            out.append(cell)
     return out
 
 
-def verdicts(cells: list[dict]) -> list[dict]:
-    """The paper's expected results (issue 8), each computed from the cell means."""
-    by = {(c["variant"], c["delay_steps"]): c["success_mean"] for c in cells}
-    arli = by.get(("arli", 4))
-    rules = [
-        ("arli@4 >= 0.90", [("arli", 4)], lambda: arli >= 0.9),
-        ("arli@4 >= standard@0 - 0.05", [("arli", 4), (IDEAL, 0)], lambda: arli >= by[(IDEAL, 0)] - 0.05),
-        ("standard@4 <= arli@4 - 0.20", [("arli", 4), ("standard", 4)], lambda: by[("standard", 4)] <= arli - 0.2),
-        ("arli_no_committed@4 < arli@4", [("arli", 4), ("arli_no_committed", 4)],
-         lambda: by[("arli_no_committed", 4)] < arli),
-        ("arli_no_midobs@4 < arli@4", [("arli", 4), ("arli_no_midobs", 4)], lambda: by[("arli_no_midobs", 4)] < arli),
-        ("arli@4 >= bc_control@4 + 0.10", [("arli", 4), ("bc_control", 4)], lambda: arli >= by[("bc_control", 4)] + 0.1),
-        ("arli@4 > anchor_only@4", [("arli", 4), ("anchor_only", 4)], lambda: arli > by[("anchor_only", 4)]),
-    ]
+def ceiling_cells(rows: list[dict]) -> list[dict]:
+    """The ceiling per delay: the projected expert's success with its interval."""
     out = []
-    for text, needs, check in rules:
-        values = {f"{v}@{d}": by.get((v, d)) for v, d in needs}
-        held = None if None in values.values() else bool(check())
-        out.append({"claim": text, "holds": held, "values": values})
+    for r in sorted((r for r in rows if r["variant"] == CEILING), key=lambda r: r["delay_steps"]):
+        out.append({"delay_steps": r["delay_steps"], "success": _r(r["success"]),
+                    "ci95": _interval(success_ci(r["outcomes"])), "scale": r["scale"],
+                    "grip_authority": r["grip_authority"]})
     return out
+
+
+def public(cells: list[dict]) -> list[dict]:
+    """The cells as the report writes them (no per-episode outcomes)."""
+    return [{k: v for k, v in c.items() if not k.startswith("_")} for c in cells]
+
+
+# -- verdicts -----------------------------------------------------------------------------
+def paired_difference(a: dict, b: dict) -> dict | None:
+    """mean(a) - mean(b) with its paired 95% interval, on the training seeds both cells have
+    and their shared test episodes (a base-policy ``b`` that shares no seed with ``a``: its
+    first seed's outcomes stand for every seed, the base does not depend on one)."""
+    seeds = sorted(set(a["_outcomes"]) & set(b["_outcomes"]))
+    if seeds:
+        x = np.array([a["_outcomes"][s] for s in seeds], float)
+        y = np.array([b["_outcomes"][s] for s in seeds], float)
+    elif b["variant"] in BASE_VARIANTS:
+        x = np.array(list(a["_outcomes"].values()), float)
+        y = np.array([next(iter(b["_outcomes"].values()))], float)
+    else:
+        return None
+    return {"mean": _r(x.mean() - y.mean()), "ci95": _interval(gain_ci(x, y)), "seeds": seeds}
+
+
+def _mean(cell: dict | None) -> float | None:
+    return None if cell is None else cell["success_mean"]
+
+
+def _get(cell: dict | None, key: str):
+    return None if cell is None else cell[key]
+
+
+def base_variant(strategy: str) -> str | None:
+    """The base alone in the loop the residual runs in (``chunking.strategy``)."""
+    return next((v for v, s in BASE_VARIANTS.items() if s == strategy), None)
+
+
+def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], strategy: str = "naive") -> list[dict]:
+    """The issue's expected results, each computed from the cells' intervals: ``holds`` is
+    True / False, or None (not evaluated) when a cell it needs is missing. ``delays``: the
+    sweep's delays (the rules "at every delay" run at these and at 0, 4 and 8)."""
+    by = {(c["variant"], c["delay_steps"]): c for c in cells}
+    ceil = {c["delay_steps"]: c["success"] for c in ceiling}
+    every = sorted({*TARGETS, *delays})
+    out = []
+
+    def rule(claim: str, family: str, needs: list, check, values: dict) -> None:
+        """``check()`` runs only when every cell in ``needs`` exists."""
+        holds = None if any(n is None for n in needs) else bool(check())
+        out.append({"claim": claim, "family": family, "holds": holds, "values": values})
+
+    def versus(a: dict | None, b: dict | None) -> dict | None:
+        return None if a is None or b is None else paired_difference(a, b)
+
+    for d, nominal in TARGETS.items():
+        c, top = by.get(("arli", d)), ceil.get(d)
+        target = round(top - CEILING_MARGIN, 4) if top is not None and top < nominal else nominal
+        rule(f"arli@{d} >= {nominal:.2f} (ceiling@{d} - {CEILING_MARGIN:.2f} where the ceiling is lower)", "target",
+             [c], lambda c=c, t=target: c["success_mean"] >= t,
+             {f"arli@{d}": _mean(c), "ci95": _get(c, "ci95"), f"ceiling@{d}": top, "target": target,
+              "ci_lower_clears_target": None if c is None else c["ci95"][0] >= target})
+    for d in every:
+        c = by.get(("arli", d))
+        rule(f"arli@{d} - start@{d} >= {MIN_GAIN:+.2f}, gain CI excludes 0", "gain_over_start",
+             [c], lambda c=c: c["gain_mean"] >= MIN_GAIN and c["gain_ci95"][0] > 0,
+             {f"arli@{d}": _mean(c), f"start@{d}": _get(c, "start_mean"), "gain": _get(c, "gain_mean"),
+              "gain_ci95": _get(c, "gain_ci95")})
+    for control in CONTROLS:
+        for d in (d for d in every if d > 0):
+            a, b = by.get(("arli", d)), by.get((control, d))
+            diff = versus(a, b)
+            rule(f"arli@{d} >= {control}@{d} + {CONTROL_MARGIN:.2f} (paired CI > 0)", "controls",
+                 [diff], lambda x=diff: x["ci95"][0] > 0 and x["mean"] >= CONTROL_MARGIN,
+                 {f"arli@{d}": _mean(a), f"{control}@{d}": _mean(b), "difference": _get(diff, "mean"),
+                  "difference_ci95": _get(diff, "ci95")})
+    a4, s4 = by.get(("arli", 4)), by.get(("standard", 4))
+    rule(f"standard@4 <= arli@4 - {STANDARD_GAP:.2f}", "standard",
+         [a4, s4], lambda: s4["success_mean"] <= a4["success_mean"] - STANDARD_GAP,
+         {"arli@4": _mean(a4), "standard@4": _mean(s4), "difference_ci95": _get(versus(a4, s4), "ci95")})
+    s0 = by.get(("standard", 0), by.get((IDEAL, 0)))  # the ideal reference: standard_d0 when d = 0 is not swept
+    rule(f"arli@4 >= standard@0 - {IDEAL_MARGIN:.2f}", "ideal",
+         [a4, s0], lambda: a4["success_mean"] >= s0["success_mean"] - IDEAL_MARGIN,
+         {"arli@4": _mean(a4), "standard@0": _mean(s0), "arli@4_ci95": _get(a4, "ci95"),
+          "standard@0_ci95": _get(s0, "ci95")})
+    d = ABLATION_DELAY
+    for ablation in ABLATIONS:
+        a, b = by.get(("arli", d)), by.get((ablation, d))
+        diff = versus(b, a)
+        rule(f"{ablation}@{d} < arli@{d} (paired CI of {ablation} - arli below 0)", "ablations",
+             [diff], lambda x=diff: x["ci95"][1] < 0,
+             {f"arli@{d}": _mean(a), f"{ablation}@{d}": _mean(b), "difference": _get(diff, "mean"),
+              "difference_ci95": _get(diff, "ci95")})
+    base = base_variant(strategy)
+    label = base or f"the base alone (no base variant for chunking.strategy={strategy})"
+    for d in every:
+        a, b = by.get(("arli", d)), by.get((base, d))
+        diff = versus(a, b)
+        rule(f"arli@{d} not below {label}@{d} (paired CI of arli - base not entirely below 0)", "not_below_base",
+             [diff], lambda x=diff: not x["ci95"][1] < 0,
+             {f"arli@{d}": _mean(a), f"{base}@{d}": _mean(b), "difference": _get(diff, "mean"),
+              "difference_ci95": _get(diff, "ci95")})
+    return out
+
+
+def _value(key: str, v) -> str:
+    if v is None:
+        return f"{key} missing"
+    if isinstance(v, bool):
+        return f"{key}: {'yes' if v else 'no'}"
+    if isinstance(v, list):
+        return f"{key} [{v[0]:+.3f}, {v[1]:+.3f}]" if "difference" in key or "gain" in key else \
+            f"{key} [{v[0]:.3f}, {v[1]:.3f}]"
+    return f"{key} = {v:+.3f}" if key in ("gain", "difference") else f"{key} = {v:.3f}"
 
 
 def verdict_markdown(checks: list[dict], budget: int) -> str:
     lines = []
     for c in checks:
         status = {True: "holds", False: "does NOT hold", None: "not evaluated"}[c["holds"]]
-        values = ", ".join(f"{k} = {v:.2f}" if v is not None else f"{k} missing" for k, v in c["values"].items())
-        lines.append(f"* `{c['claim']}`: **{status}** ({values})")
-    return f"Expected results (from the paper), at budget {budget} env steps per run:\n\n" + "\n".join(lines) + "\n"
+        lines.append(f"* `{c['claim']}`: **{status}** ({', '.join(_value(k, v) for k, v in c['values'].items())})")
+    held = sum(c["holds"] is True for c in checks)
+    evaluated = sum(c["holds"] is not None for c in checks)
+    return (f"Expected results (the issue's targets), at budget {budget} env steps per run: {held} of "
+            f"{evaluated} evaluated hold ({len(checks) - evaluated} not evaluated: a cell they need is missing). "
+            "Intervals: 95% two-level bootstrap over training seeds x the shared test episodes; "
+            "differences paired on the same seeds and episodes.\n\n" + "\n".join(lines) + "\n")
 
 
-def plot(cells: list[dict], path: str, title: str) -> None:
-    """Success vs delay per variant; with one or two delays (a d = 4 sweep and its zero-delay
-    references) a bar per (variant, delay) says more than lines with one point."""
-    delays = sorted({c["delay_steps"] for c in cells})
-    if len(delays) <= 2:
-        with success_plot(path, title, "", "success rate (mean ± std over seeds)", figsize=(8, 4.5),
-                          legend_size=8) as ax:
-            for d in delays:
-                pts = [(i, c["success_mean"], c["success_std"]) for i, c in enumerate(cells) if c["delay_steps"] == d]
-                x, y, e = zip(*pts)
-                ax.bar(x, y, yerr=e, capsize=3, label=f"d = {d}")
-            ax.set_xticks(range(len(cells)), [c["variant"] for c in cells], rotation=40, ha="right", fontsize=8)
-        return
-    with success_plot(path, title, "delay_steps d (dt = 50 ms)", "success rate (mean ± std over seeds)",
-                      figsize=(7, 4.5), legend_size=8) as ax:
-        for variant in dict.fromkeys(c["variant"] for c in cells):
-            pts = sorted((c["delay_steps"], c["success_mean"], c["success_std"]) for c in cells
-                         if c["variant"] == variant)
-            if len(pts) == 1:  # a zero-delay reference or a d = 4 control: one marker
-                ax.errorbar([pts[0][0]], [pts[0][1]], yerr=[pts[0][2]], marker="s", ls="none", capsize=3,
-                            label=variant)
-                continue
-            x, y, e = zip(*pts)
-            ax.errorbar(x, y, yerr=e, marker="o", ls="--" if variant.startswith("base") else "-",
-                        capsize=3, label=variant)
+def plot(cells: list[dict], ceiling: list[dict], path: str, title: str) -> None:
+    """Success vs delay per variant with 95% interval error bars (variants side by side at
+    each delay); the ceiling as a dashed line."""
+    variants = list(dict.fromkeys(c["variant"] for c in cells))
+    width = 0.6 / max(1, len(variants))
+    with success_plot(path, title, "delay_steps d (dt = 50 ms)", "success rate (mean, 95% CI)",
+                      figsize=(8, 4.8), legend_size=7) as ax:
+        for i, variant in enumerate(variants):
+            pts = sorted((c["delay_steps"], c["success_mean"], c["ci95"]) for c in cells if c["variant"] == variant)
+            x = [d + (i - (len(variants) - 1) / 2) * width for d, _, _ in pts]
+            y = [m for _, m, _ in pts]
+            err = np.array([[m - ci[0], ci[1] - m] if ci else [0, 0] for _, m, ci in pts]).T
+            ax.errorbar(x, y, yerr=err, marker="o" if len(pts) > 1 else "s", capsize=3,
+                        ls=":" if variant.startswith("base") else ("-" if len(pts) > 1 else "none"), label=variant)
+        if ceiling:
+            xs, ys = [c["delay_steps"] for c in ceiling], [c["success"] for c in ceiling]
+            if len(xs) > 1:
+                ax.plot(xs, ys, "k--", lw=1.5, label="ceiling (projected expert)")
+            else:
+                ax.axhline(ys[0], color="k", ls="--", lw=1.5, label=f"ceiling (projected expert, d = {xs[0]})")
+        delays = sorted({c["delay_steps"] for c in cells} | {c["delay_steps"] for c in ceiling})
+        if delays:
+            ax.set_xticks(delays)
 
 
 def checkpoint_digest(path: str) -> str:
@@ -281,15 +463,39 @@ def sources_unchanged(sources: dict[str, str] | None) -> bool:
                                  if not rel.startswith(REPORT_ONLY_SOURCES))
 
 
+def cell_code() -> str:
+    """Digest of the code that defines a cell here and in ``arli.bench.ceiling`` (both are
+    report-only paths for ``sources``, so their cell functions are hashed instead)."""
+    from arli.bench import ceiling  # noqa: PLC0415
+
+    parts = (run_cell, cell_spec, ceiling_settings, ceiling.run_cell, ceiling._setup, ceiling.ProjectedExpert)
+    return hashlib.sha1("".join(inspect.getsource(p) for p in parts).encode()).hexdigest()[:12]
+
+
 def cell_settings(cfg: LatencySweepConfig) -> dict:
     """What a worker needs to run a cell (plain data: it crosses the process boundary)."""
-    return {"env": asdict(cfg.env), "checkpoint": cfg.checkpoint, "eval_episodes": cfg.eval_episodes,
-            "checkpoint_digest": checkpoint_digest(cfg.checkpoint),
-            "cell_code": hashlib.sha1(inspect.getsource(run_cell).encode()).hexdigest()[:12],
-            "regime": cfg.run.regime,
+    from sim_envs.registry import task_name  # noqa: PLC0415
+
+    return {"env": {**asdict(cfg.env), "name": task_name(cfg.env.name)}, "checkpoint": cfg.checkpoint,
+            "eval_episodes": cfg.eval_episodes, "checkpoint_digest": checkpoint_digest(cfg.checkpoint),
+            "cell_code": cell_code(), "regime": cfg.run.regime,
             "budget": cfg.budget, "run": asdict(cfg.run), "chunking": asdict(cfg.chunking),
             "chunk_size": cfg.pretrain.policy.chunk_size,
             "threads_per_worker": max(1, (os.cpu_count() or 2) // cfg.workers)}
+
+
+def report(rows: list[dict], cfg: LatencySweepConfig, missing: list) -> tuple[dict, str]:
+    """(the JSON payload, the markdown) of the sweep's rows."""
+    cells, ceiling = aggregate(rows, cfg), ceiling_cells(rows)
+    checks = verdicts(cells, ceiling, list(cfg.delay_steps), cfg.chunking.strategy)
+    payload = {"env": cfg.env.name, "regime": cfg.run.regime, "budget": cfg.budget,
+               "eval": {"split": "test", "seed_base": cfg.run.test_seed, "episodes": cfg.eval_episodes},
+               "cells": public(cells), "ceiling": ceiling, "verdicts": checks,
+               "missing": [list(c) for c in missing], "checkpoint": cfg.checkpoint,
+               "checkpoint_digest": checkpoint_digest(cfg.checkpoint), "command": command(cfg),
+               "machine": machine_info()}
+    md = markdown(payload, cfg) + (f"\nNot run yet ({len(missing)} cells): {missing}\n" if missing else "")
+    return payload, md
 
 
 def main(cfg: LatencySweepConfig) -> int:
@@ -309,18 +515,15 @@ def main(cfg: LatencySweepConfig) -> int:
                 done[futures[fut]] = row
                 cache.write(json.dumps(row) + "\n")
                 cache.flush()  # a crash loses at most the cells still running
+                start = f" (start {row['start_success']:.2f})" if "start_success" in row else ""
                 tqdm.write(f"{row['variant']:>18} d={row['delay_steps']} seed={row['seed']}: "
-                           f"success {row['success']:.2f}")
+                           f"success {row['success']:.2f}{start}")
     missing = [c for c in plan(cfg) if c not in done]
-    cells = aggregate([done[c] for c in plan(cfg) if c in done], cfg)
-    checks = verdicts(cells)
-    payload = {"env": cfg.env.name, "regime": cfg.run.regime, "budget": cfg.budget, "cells": cells,
-               "verdicts": checks}
+    payload, md = report([done[c] for c in plan(cfg) if c in done], cfg, missing)
     os.makedirs(cfg.report_dir, exist_ok=True)
-    plot(cells, os.path.join(cfg.report_dir, "latency_sweep.png"),
+    plot(payload["cells"], payload["ceiling"], os.path.join(cfg.report_dir, f"{cfg.name}.png"),
          f"{cfg.env.name}: success vs delay (budget {cfg.budget} steps, {len(cfg.seeds)} seeds)")
-    md = markdown(cells, cfg) + (f"\nNot run yet ({len(missing)} cells): {missing}\n" if missing else "")
-    write_report(cfg.report_dir, "latency_sweep", {**payload, "missing": missing}, md)
+    write_report(cfg.report_dir, cfg.name, payload, md)
     print(md)
     print_last_line_json(payload)
     return 0
@@ -342,38 +545,54 @@ def non_default_settings(cfg: LatencySweepConfig) -> list[str]:
     default = {**flat(asdict(RunSpec()), "run."), **flat(asdict(ChunkingConfig()), "chunking.")}
     out = [f"checkpoint={cfg.checkpoint}"] if cfg.checkpoint != f"checkpoints/base_{cfg.env.name}" else []
     out += [f"{k}={v}" for k, v in now.items() if v != default[k]]
-    if list(cfg.variants) != list(SWEEP_VARIANTS):
+    if list(cfg.variants) != list(DEFAULT_SWEEP_VARIANTS):
         out.append(f"'variants=[{','.join(cfg.variants)}]'")
     return out
 
 
-def markdown(cells: list[dict], cfg: LatencySweepConfig) -> str:
-    delays = sorted({*cfg.delay_steps, *(c["delay_steps"] for c in cells)})  # the d = 0 references too
-    head = "| variant | " + " | ".join(f"d = {d}" for d in delays) + " | steps to 80% (d = 4; references: d = 0) |\n"
-    head += "|---|" + "---:|" * (len(delays) + 1) + "\n"
-    by = {(c["variant"], c["delay_steps"]): c for c in cells}
+def command(cfg: LatencySweepConfig) -> str:
+    """The command line that reproduces this report (its cells, and where it is written)."""
+    where = ([f"name={cfg.name}"] if cfg.name != "latency_sweep" else []) + \
+        ([f"report_dir={cfg.report_dir}"] if cfg.report_dir != "reports" else [])
+    return (f"arli bench latency-sweep env={cfg.env.name} budget={cfg.budget} "
+            f"'seeds={list(cfg.seeds)}' 'delay_steps={list(cfg.delay_steps)}' eval_episodes={cfg.eval_episodes}"
+            + "".join(f" {o}" for o in [*non_default_settings(cfg), *where]))
+
+
+def _ci(ci, signed: bool = False) -> str:
+    f = "{:+.3f}" if signed else "{:.3f}"
+    return "" if ci is None else f" [{f.format(ci[0])}, {f.format(ci[1])}]"
+
+
+def markdown(p: dict, cfg: LatencySweepConfig) -> str:
+    e = p["eval"]
+    head = ("| variant | d | seeds | success [95% CI] | anchored start [95% CI] | gain over start [95% CI] | "
+            "steps to 80% |\n|---|---:|---|---:|---:|---:|---:|\n")
     rows = []
-    for variant in cfg.variants:
-        vals = []
-        for d in delays:
-            c = by.get((variant, d))
-            partial = f" ({c['seeds']} seeds)" if c and c["seeds"] < len(cfg.seeds) else ""
-            vals.append(f"{c['success_mean']:.2f} ± {c['success_std']:.2f}{partial}" if c else "—")
-        s80 = by.get((variant, 4), by.get((variant, 0)))
-        reached = "—" if s80 is None else ("not reached" if s80["steps_to_80"] is None else s80["steps_to_80"])
-        rows.append(f"| {variant} | " + " | ".join(vals) + f" | {reached} |")
-    command = (f"arli bench latency-sweep env={cfg.env.name} budget={cfg.budget} "
-               f"'seeds={list(cfg.seeds)}' 'delay_steps={list(cfg.delay_steps)}' eval_episodes={cfg.eval_episodes}"
-               + "".join(f" {o}" for o in non_default_settings(cfg)))
+    for c in sorted(p["cells"], key=lambda c: (cfg.variants.index(c["variant"]), c["delay_steps"])):
+        partial = " (partial)" if len(c["seeds"]) < len(cfg.seeds) else ""
+        start = "—" if c["start_mean"] is None else f"{c['start_mean']:.3f}{_ci(c.get('start_ci95'))}"
+        gain = "—" if c["gain_ci95"] is None else f"{c['gain_mean']:+.3f}{_ci(c['gain_ci95'], True)}"
+        reached = "not reached" if c["steps_to_80"] is None else c["steps_to_80"]
+        rows.append(f"| {c['variant']} | {c['delay_steps']} | {c['seeds']}{partial} | "
+                    f"{c['success_mean']:.3f}{_ci(c['ci95'])} | {start} | {gain} | {reached} |")
+    for c in p["ceiling"]:
+        rows.append(f"| **ceiling** (projected expert, bound {c['scale']}, no grip authority) | {c['delay_steps']} | "
+                    f"— | {c['success']:.3f}{_ci(c['ci95'])} | — | — | — |")
     return (
         f"# Latency sweep — `{cfg.env.name}`\n\n"
-        f"Command: `{command}`\n\n"
-        f"Budget: {cfg.budget} environment steps per RL run; {len(cfg.seeds)} seeds "
-        f"({cfg.seeds}); {cfg.eval_episodes} evaluation episodes per seed and cell (the same "
-        f"seeds for every variant); base policy `{cfg.checkpoint}` (content digest "
-        f"`{checkpoint_digest(cfg.checkpoint)}`: a base re-trained on another machine differs), async `{cfg.chunking.strategy}` "
-        "switching for the residual variants. `standard_d0` is the idealised reference (zero "
-        "delay; the same runs as `standard` at d = 0), shown in the d = 0 column. `—`: cell not "
-        "run. Steps to 80%: the evaluated env step at which every seed reached 80%.\n\n" + head + "\n".join(rows) + "\n\n![latency sweep](latency_sweep.png)\n\n"
-        + verdict_markdown(verdicts(cells), cfg.budget) + f"\nMachine: {machine_info()}\n"
+        f"Command: `{p['command']}`\n\n"
+        f"Budget: {cfg.budget} environment steps per RL run; training seeds {list(cfg.seeds)}; every cell on "
+        f"the same {e['episodes']} test episodes (seeds {e['seed_base']}.., disjoint from the tune seeds every "
+        f"choice of a setting saw); regime `{cfg.run.regime}`; base policy `{cfg.checkpoint}` (content digest "
+        f"`{p['checkpoint_digest']}`: a base re-trained on another machine differs), async `{cfg.chunking.strategy}` "
+        "switching for the residual variants. Success: mean over seeds x episodes with a 95% two-level "
+        "bootstrap interval (training seeds, then episodes). Anchored start: the same run after anchor "
+        "pretraining, before any online step; gain: final - start, paired on the same seeds and episodes. "
+        "`bc_control`: the same learner with the critic's influence off (BC on the anchor rows); "
+        "`uniform_control`: AWR with every row weighted 1. Ceiling: `arli bench ceiling`'s projected expert "
+        f"through the same scheduler at the default bound (`run.learner.residual_scale`), no gripper authority. "
+        "Steps to 80%: the evaluated env step at which every seed reached 80% (tune episodes).\n\n"
+        + head + "\n".join(rows) + f"\n\n![latency sweep]({cfg.name}.png)\n\n"
+        + verdict_markdown(p["verdicts"], cfg.budget) + f"\nMachine: {p['machine']}\n"
     )

@@ -110,6 +110,11 @@ def main(cfg: FinetuneConfig) -> int:
         prep = ft.prepare(progress=True)
         print(f"anchor data: {prep['anchor_transitions']} transitions from {spec.anchor_episodes} demonstration "
               f"episodes; anchor pretraining loss {prep['pretrain_loss']:.4f}")
+        guard = prep.get("start_guard")
+        if guard:
+            print(f"start guard ({guard['episodes']} tune episodes): anchored start {guard['start']:.2f}, base "
+                  f"{guard['base']:.2f} -> " + ("start dropped: RL starts from the base (zero residual)"
+                                                if guard["reverted"] else "RL starts from the anchored start"))
     anchor_eval = curve_start = None
     if not cfg.resume:  # the RL run's starting point: anchor-pretrained residual, no online step
         print(f"evaluating the anchor-pretrained start ({spec.test_episodes} test episodes)")
@@ -148,6 +153,7 @@ def main(cfg: FinetuneConfig) -> int:
     summary = {
         "env": name, "variant": spec.variant, "regime": spec.regime, "strategy": cfg.chunking.strategy,
         "delay_steps": delay, "anchor_only_success": start_success,
+        "start_guard": None if cfg.resume else prep.get("start_guard"),
         "env_steps": ft.env_steps, "updates": ft.learner.updates,
         # anchor replay = anchor episodes + online intervention steps
         "anchor_transitions": len(ft.anchor), "intervened_steps": ft.controller.intervened_steps,

@@ -11,6 +11,8 @@ from arli.errors import require
 
 
 ACTOR_UPDATES = ("dpg", "select", "awr")
+AWR_ADVANTAGES = ("td", "q")
+AWR_WEIGHTS = ("advantage", "uniform")
 
 
 @dataclass
@@ -53,6 +55,19 @@ class LearnerConfig:
     # seed 0 (reports/learner_tuning.md)
     awr_temperature: float = 0.02
     awr_max_weight: float = 20.0
+    # awr's advantage: "q" = mean-head Q(s, a) - mean-head Q(s, pi(s)), the same online heads
+    # and action treatment on both sides; "td" = R_n + gamma^n min-subset Q'(s_n, smoothed
+    # pi'(s_n)) - mean-head Q(s, pi(s)) (target heads and a smoothed action on one side only).
+    # "q" with the anchor fade below was chosen by `arli bench tune` on the tune seeds
+    # (reports/tune_d8_50k.md: 0.68 against the former default's 0.48 at d = 8, 50k)
+    awr_advantage: str = "q"
+    # "uniform": every row (online and anchor) weighted 1 -- the critic steers nothing, the
+    # actor regresses onto all the data's actions (the uniform-weight control)
+    awr_weights: str = "advantage"
+    # continued BC on anchor rows fades out: its weight falls linearly from anchor_weight to 0
+    # over this many updates after the critic warm-up (0 = never fades). The 60
+    # demonstrations are then a start and critic data, not a target fitted 1,400 times
+    anchor_decay_updates: int = 20_000
     critic_warmup_updates: int = 2000  # critic-only updates before the actor moves
     pretrain_updates: int = 2000  # BC of the actor on anchor replay before online RL
     # 1e-4, not 1e-3: at 1e-3 the anchor-pretrained start swung between 0.42 and 0.86 success
@@ -84,6 +99,12 @@ class LearnerConfig:
     # budget the critic does not rank nearby actions reliably (see the tuning report)
     gate_candidates: int = 0
     gate_std: float = 0.3
+    # max-Q backup (EXPO / PLD): the TD target's next action is the highest-target-Q of
+    # {pi'(s'), 0 (the base), backup_candidates - 2 perturbations of pi'(s') (std gate_std)},
+    # so the critic values what a value-gated actor would do; 0 or 1 = pi'(s') (TD3)
+    backup_candidates: int = 0
+    # global gradient-norm clip for the critic and the actor (ResFiT: 1.0); 0 = off
+    grad_clip: float = 0.0
     # trust region to the start: + start_weight * mean_B ||r(s) - r_start(s)||^2 on every row,
     # r_start the frozen anchor-pretrained actor (the zero residual, i.e. the base, without
     # pretraining). Unlike continued BC on the anchor rows, it holds the start without fitting
@@ -119,12 +140,21 @@ class LearnerConfig:
             "run.learner.gate_std": (self.gate_std >= 0, ">= 0"),
             "run.learner.awr_temperature": (self.awr_temperature > 0, "> 0"),
             "run.learner.awr_max_weight": (self.awr_max_weight >= 1, ">= 1"),
+            "run.learner.awr_advantage": (self.awr_advantage in AWR_ADVANTAGES, f"one of {AWR_ADVANTAGES}"),
+            "run.learner.awr_weights": (self.awr_weights in AWR_WEIGHTS, f"one of {AWR_WEIGHTS}"),
+            "run.learner.anchor_decay_updates": (self.anchor_decay_updates >= 0, ">= 0 (0 = never fades)"),
+            "run.learner.backup_candidates": (self.backup_candidates >= 0, ">= 0"),
+            "run.learner.grad_clip": (self.grad_clip >= 0, ">= 0 (0 = off)"),
             "run.learner.pretrain_updates": (self.pretrain_updates >= 0, ">= 0"),
             "run.learner.buffer_size": (self.buffer_size >= self.batch_size, ">= batch_size"),
             "run.learner.q_max": (self.q_max > self.q_min, "> run.learner.q_min"),
             "run.learner.max_abs_q": (self.max_abs_q > 0, "> 0"),
         }
         check_fields(self, checks)
+        for name in ("awr_advantage", "awr_weights"):
+            require(self.actor_update == "awr" or getattr(self, name) == getattr(LearnerConfig, name),
+                    f"run.learner.{name}", f"its default unless run.learner.actor_update=awr (it shapes awr's "
+                    "weights only)", getattr(self, name))
         # no term of the actor's loss pulls anywhere
         require(self.q_weight > 0 or self.anchor_weight > 0, "run.learner.anchor_weight",
                 "> 0 when run.learner.q_weight is 0 (the actor would learn nothing); set one of them > 0",
@@ -217,6 +247,9 @@ class RunSpec:
     test_episodes: int = 200  # final evaluation: base alone, anchored start and finetuned, same seeds
     test_seed: int = 5_000_000
     seed: int = 0
+    # do no harm before RL starts: the anchored start and the base alone on the tune
+    # episodes; a start below the base is dropped and RL starts from the zero residual
+    start_guard: bool = True
     device: str = "auto"  # where the learner's networks and updates run: auto (CUDA if torch sees one) | cpu | cuda
     learner: LearnerConfig = field(default_factory=LearnerConfig)
 

@@ -9,12 +9,18 @@ Actor (every ``policy_delay`` updates, after ``critic_warmup_updates`` critic-on
 residual units r in [-1, 1]^m; ``actor_update`` picks how the critic drives it:
 
 * ``awr`` (default): advantage-weighted regression onto the batch's own residuals,
-  weight exp(q_weight * A / awr_temperature), A = TD target - Q(s, pi(s)); anchor rows count
-  ``anchor_weight`` times (``q_weight=0``: plain BC on anchor rows, the control);
+  weight exp(q_weight * A / awr_temperature), A = Q(s, a) - Q(s, pi(s)) (``awr_advantage=q``)
+  or TD target - Q(s, pi(s)) (``td``); anchor rows count ``anchor_weight`` times, fading to 0
+  over ``anchor_decay_updates`` (``q_weight=0``: plain BC on anchor rows, the control;
+  ``awr_weights=uniform``: every row weighted 1, the uniform control);
 * ``dpg``: -q_weight * Q(s, pi(s)) / mean|Q| + anchor_weight * Q-filtered BC (TD3+BC-style);
 * ``select``: regression onto the highest-Q of nearby candidates (PA-RL/EXPO-style), anchor
   rows counting ``anchor_weight`` times as in ``awr``.
 
+Anchor rows' weight can fade out after the warm-up (``anchor_decay_updates``), the TD
+backup can take the max-Q of candidates around pi'(s') (``backup_candidates``, EXPO / PLD)
+and acting the max-Q of candidates around pi(s) (``gate_candidates``); ``awr_advantage="q"``
+computes awr's advantage as Q(s, a) - Q(s, pi(s)) from the same heads on both sides.
 Every variant adds the trust region ``start_weight * ||r(s) - r_start(s)||^2``, r_start the
 frozen actor RL started from (0 = off).
 
@@ -61,6 +67,7 @@ class ResidualLearner:
         self.device = torch.device(device)
         self.actor = ResidualActor(state_dim, action_dim, cfg.hidden).to(self.device)
         self.critic = EnsembleCritic(state_dim, action_dim, cfg.critic_heads, cfg.critic_hidden).to(self.device)
+        self._actor_init = copy.deepcopy(self.actor.state_dict())  # the zero residual
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.actor_start = copy.deepcopy(self.actor).requires_grad_(False)  # the trust region's centre
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
@@ -82,13 +89,15 @@ class ResidualLearner:
         noise = torch.randn((max(count - 2, 0), *r_pi.shape), generator=self.generator).to(r_pi.device) * std
         return torch.cat([r_pi[None], torch.zeros_like(r_pi)[None], (r_pi[None] + noise).clamp(-1, 1)])[:count]
 
-    def best_candidate(self, state: torch.Tensor, base: torch.Tensor, cands: torch.Tensor) -> torch.Tensor:
-        """The candidate residual (B, m) of ``cands`` (K, B, m) with the highest mean-head Q."""
+    def best_candidate(self, state: torch.Tensor, base: torch.Tensor, cands: torch.Tensor,
+                       critic: EnsembleCritic | None = None) -> torch.Tensor:
+        """The candidate residual (B, m) of ``cands`` (K, B, m) with the highest mean-head Q of
+        ``critic`` (default: the online critic)."""
         K, B, m = cands.shape
         s = state.expand(K, *state.shape).reshape(K * B, -1)
         a = compose_action(base.expand(K, *base.shape).reshape(K * B, m), cands.reshape(K * B, m),
                            self.cfg.residual_scale)
-        q = self.critic(s, a).mean(0).view(K, B)
+        q = (critic or self.critic)(s, a).mean(0).view(K, B)
         return cands.gather(0, q.argmax(0).view(1, B, 1).expand(1, B, m))[0]
 
     def begin_episode(self) -> None:
@@ -140,6 +149,10 @@ class ResidualLearner:
             noise = torch.randn(b["next_base"].shape, generator=self.generator).to(self.device) * cfg.target_noise
             r_next = (self.actor_target(b["next_state"])
                       + noise.clamp(-cfg.target_noise_clip, cfg.target_noise_clip)).clamp(-1, 1)
+            if cfg.backup_candidates > 1:  # max-Q backup (EXPO / PLD): what a value-gated actor does
+                r_next = self.best_candidate(b["next_state"], b["next_base"],
+                                             self.candidates(r_next, cfg.backup_candidates, cfg.gate_std),
+                                             self.critic_target)
             heads = torch.randperm(cfg.critic_heads, generator=self.generator)[: cfg.critic_subset]
             q_next = self.critic_target(b["next_state"], compose_action(b["next_base"], r_next, scale), heads)
             # returns live in [q_min, q_max]: clipping keeps an extrapolating head from inflating all
@@ -154,6 +167,7 @@ class ResidualLearner:
                                   "lower run.learner.critic_lr or run.learner.tau")
         self.critic_opt.zero_grad()
         critic_loss.backward()
+        self._clip(self.critic_flat)
         if diagnostics:
             stats["critic_grad_norm"] = self.critic_flat.grad_norm()
             err = td.detach().abs().mean(0)
@@ -189,10 +203,10 @@ class ResidualLearner:
         q_pi = None
         if cfg.q_weight > 0 or cfg.q_filter:
             q_pi = self.critic(b["state"], action).mean(0)
-        if cfg.q_filter and cfg.anchor_weight > 0:
+        if cfg.q_filter and self.anchor_weight() > 0:
             weight = weight * (q_data > q_pi.detach()).float()
         bc = anchor_term(action, b["action"], weight)
-        loss = loss + cfg.anchor_weight * bc
+        loss = loss + self.anchor_weight() * bc
         if cfg.q_weight > 0:
             loss = loss - cfg.q_weight * (q_pi / q_pi.abs().mean().detach().clamp(min=1e-3)).mean()
         loss = loss + self._start_term(b["state"], r)
@@ -200,6 +214,7 @@ class ResidualLearner:
             raise LearnerDiverged(f"actor loss is not finite at update {self.updates}")
         self.actor_opt.zero_grad()
         loss.backward()
+        self._clip(self.actor_flat)
         stats = {"actor_loss": loss.item(), "anchor_bc": bc.item(),
                  "anchor_kept": (weight.sum() / b["is_anchor"].sum().clamp(min=1)).item()}
         if diagnostics:
@@ -212,18 +227,22 @@ class ResidualLearner:
 
     def _awr_step(self, b: dict[str, torch.Tensor], target: torch.Tensor, diagnostics: bool) -> dict[str, float]:
         """Advantage-weighted regression onto the data's own actions (online and anchor rows):
-        A = R_n + gamma^n Q'(s_n, pi'(s_n)) - Q(s, pi(s)), weight exp(A / awr_temperature)
-        clipped at awr_max_weight. The signal is the critic's *state* values along the
-        transition that really happened (what it learns first and best), not its ranking of
-        untried actions; the targets never leave the data's support. ``q_weight = 0``: plain
-        BC on anchor rows (the control)."""
+        A = Q(s, a) - Q(s, pi(s)) with the mean of the online heads on both sides
+        (``awr_advantage=q``), or ``target`` (B,) - Q(s, pi(s)) with the row's TD target
+        R_n + gamma^n Q'(s_n, pi'(s_n)) (``td``); weight exp(A / awr_temperature) clipped at
+        awr_max_weight. The targets never leave the data's support. ``q_weight = 0``: plain
+        BC on anchor rows (the control); ``awr_weights=uniform``: every row weighted 1."""
         cfg = self.cfg
         r = self.actor(b["state"])
         r_data = ((b["action"] - b["base"]) / cfg.residual_scale).clamp(-1, 1)
-        if cfg.q_weight > 0:
+        if cfg.awr_weights == "uniform":  # the control: the critic steers nothing
+            advantage, weight = torch.zeros_like(target), torch.ones_like(target)
+        elif cfg.q_weight > 0:
             with torch.no_grad():
                 value = self.critic(b["state"], compose_action(b["base"], r.detach(), cfg.residual_scale)).mean(0)
-                advantage = target - value
+                # "q": both sides from the same online heads, Q(s, a) - V(s) with V(s) = Q(s, pi(s))
+                q_data = self.critic(b["state"], b["action"]).mean(0) if cfg.awr_advantage == "q" else target
+                advantage = q_data - value
                 weight = torch.exp(cfg.q_weight * advantage / cfg.awr_temperature).clamp(max=cfg.awr_max_weight)
         else:
             advantage, weight = torch.zeros_like(target), b["is_anchor"]
@@ -248,6 +267,21 @@ class ResidualLearner:
         stats = {"moved_to_data": ((target - r_data).abs().sum(-1) < 1e-6).float().mean().item()}
         return self._regress(b, r, target, weight, stats, diagnostics)
 
+    def anchor_weight(self) -> float:
+        """The anchor rows' weight in the actor's loss now: ``anchor_weight``, fading linearly
+        to 0 over ``anchor_decay_updates`` updates after the critic warm-up (if set)."""
+        cfg = self.cfg
+        if cfg.anchor_decay_updates == 0:
+            return cfg.anchor_weight
+        done = max(0, self.updates - cfg.critic_warmup_updates) / cfg.anchor_decay_updates
+        return cfg.anchor_weight * max(0.0, 1.0 - done)
+
+    def _clip(self, params: FlatParameters) -> None:
+        """Scales the flat gradient to norm ``grad_clip`` when above it (0 = off)."""
+        if self.cfg.grad_clip > 0:
+            norm = torch.linalg.vector_norm(params.grad)
+            params.grad.mul_((self.cfg.grad_clip / (norm + 1e-6)).clamp(max=1.0))
+
     def _start_term(self, state: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
         """Trust region: start_weight * mean_B ||r - r_start(s)||^2 for states (B, D) and the
         actor's residuals r (B, m); zero when start_weight is 0."""
@@ -262,7 +296,7 @@ class ResidualLearner:
         """One actor step on the weighted regression of r (B, m) onto target (B, m), weight (B,),
         plus the trust region to the start at the batch's states. Anchor rows count
         ``anchor_weight`` times (0: after pretraining, only online rows are regressed onto)."""
-        weight = weight * (1 - b["is_anchor"] + self.cfg.anchor_weight * b["is_anchor"])
+        weight = weight * (1 - b["is_anchor"] + self.anchor_weight() * b["is_anchor"])
         stats["weight_online"] = ((weight * (1 - b["is_anchor"])).sum() / weight.sum().clamp(min=1e-6)).item()
         loss = (((r - target) ** 2).sum(-1) * weight).sum() / weight.sum().clamp(min=1.0)
         loss = loss + self._start_term(b["state"], r)
@@ -270,6 +304,7 @@ class ResidualLearner:
             raise LearnerDiverged(f"actor loss is not finite at update {self.updates}")
         self.actor_opt.zero_grad()
         loss.backward()
+        self._clip(self.actor_flat)
         stats["actor_loss"] = loss.item()
         if diagnostics:
             stats["actor_grad_norm"] = self.actor_flat.grad_norm()
@@ -296,6 +331,13 @@ class ResidualLearner:
         self.actor_target.load_state_dict(self.actor.state_dict())
         self.actor_start.load_state_dict(self.actor.state_dict())
         return float(loss.item())
+
+    def reset_actor(self) -> None:
+        """Back to the initial actor (exactly zero residual: the base acts), its target and the
+        trust region's centre with it, and a fresh actor optimiser."""
+        for net in (self.actor, self.actor_target, self.actor_start):
+            net.load_state_dict(self._actor_init)
+        self.actor_opt = FlatAdam(self.actor_flat, lr=self.cfg.actor_lr)
 
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A replay batch (sampled on the CPU) on the learner's device (a no-op on the CPU)."""

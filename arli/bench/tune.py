@@ -1,0 +1,332 @@
+"""``arli bench tune 'runs=[<reference dir>,<dir>,...]' name=<report>``: choose a setting on the
+tune seeds, by code. Every finetune run (the first is the reference, e.g. the current default)
+is loaded as ``arli eval`` loads it and its finetuned residual evaluated on the same
+``episodes`` tune episodes (seeds ``run.tune_seed ..``, never the test seeds), the base alone
+once on them; per run: the settings that differ from the reference (as Hydra overrides), its
+tune success with a 95% bootstrap interval and the paired gains vs the reference and vs the
+base. The choice: the highest tune success among the runs whose paired gain over the reference
+has a 95% interval above 0; none -> the reference is kept. -> ``<report_dir>/<name>.{json,md,png}``.
+
+These are tune numbers, for choosing: the chosen setting's numbers to report come from its
+test seeds (``arli finetune`` / ``arli bench runs``), which no choice saw."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable
+
+import numpy as np
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from arli.bench.common import machine_info, print_last_line_json, success_plot, write_report
+from arli.config import BenchTuneConfig, ConfigError, FinetuneConfig
+from arli.rl.config import TRAIN_SEED_BLOCK, disjoint
+from arli.stats import gain_ci, success_ci, verdict
+
+# what every compared run must share: the task, the delay, how chunks execute and the base
+# (one base alone, evaluated once, is every run's baseline) and where the tune seeds start
+MATCHED = ("env", "delay_steps", "latency", "chunking", "checkpoint", "run.tune_seed")
+
+# evaluate(run_dir, run_cfg, seed_base, episodes, with_base) -> {"final": [bool] * episodes,
+# "base": [bool] * episodes or None, "env_steps", "env", "delay_steps", "split"}
+Evaluate = Callable[[str, FinetuneConfig, int, int, bool], dict]
+
+
+# -- the settings of a run ----------------------------------------------------------------
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config (dicts) -> ``{"a.b.c": value}``; lists and empty dicts are values."""
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def config_dict(cfg: FinetuneConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+
+
+def hydra_value(value: Any) -> str:
+    """A value as a Hydra override writes it (``true``, ``null``, ``[a,b]``, quoted strings)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value)
+    plain = text and not set(text) & set(" ,[]{}()=:'\"\\$") and text.lower() not in ("true", "false", "null")
+    try:
+        float(text)
+        plain = False  # a string that reads as a number
+    except ValueError:
+        pass
+    return text if plain else "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def settings_diff(reference: dict[str, Any], run: dict[str, Any], section: str = "run") -> list[str]:
+    """The ``key=value`` Hydra overrides that turn the reference's ``section`` into the run's
+    (both flattened): changed keys, ``+key=value`` for keys only the run has, ``~key`` for
+    keys only the reference has."""
+    ref = flatten(reference.get(section) or {}, f"{section}.")
+    other = flatten(run.get(section) or {}, f"{section}.")
+    out = []
+    for key, value in other.items():
+        if key not in ref:
+            out.append(f"+{key}={hydra_value(value)}")
+        elif ref[key] != value:
+            out.append(f"{key}={hydra_value(value)}")
+    out += [f"~{key}" for key in ref if key not in other]
+    return out
+
+
+def _matched(key: str, compare_latency: bool) -> bool:
+    if key.startswith("latency.") or key == "latency":
+        return compare_latency
+    return any(key == p or key.startswith(p + ".") for p in MATCHED)
+
+
+def check_comparable(dirs: list[str], configs: list[dict[str, Any]]) -> None:
+    """Refuse runs that are not evaluated alike: another task, delay, chunk execution, base or
+    tune seeds than the reference (the first); the field is named with the value to pass."""
+    ref = flatten(configs[0])
+    for run_dir, cfg in zip(dirs[1:], configs[1:]):
+        flat = flatten(cfg)
+        # the latency model decides the delay only where delay_steps is null
+        compare_latency = ref.get("delay_steps") is None or flat.get("delay_steps") is None
+        for key in [k for k in ref if _matched(k, compare_latency)] + [k for k in flat if k not in ref]:
+            if _matched(key, compare_latency) and ref.get(key) != flat.get(key):
+                raise ConfigError(
+                    f"runs: {run_dir} differs from the reference {dirs[0]} in {key} ({hydra_value(flat.get(key))} vs "
+                    f"the reference's {hydra_value(ref.get(key))}); every run is evaluated on the reference's tune "
+                    f"episodes against one base alone: pass runs with {key}={hydra_value(ref.get(key))}")
+
+
+# -- loading ------------------------------------------------------------------------------
+def labels_of(dirs: list[str]) -> list[str]:
+    """Each run's directory basename (its parent too where two basenames are the same)."""
+    if len({os.path.realpath(d) for d in dirs}) != len(dirs):
+        raise ConfigError(f"runs: a run is given twice in {dirs}; pass each run directory once")
+    names = [os.path.basename(os.path.normpath(d)) for d in dirs]
+    if len(set(names)) != len(names):
+        names = [os.path.join(*os.path.normpath(os.path.abspath(d)).split(os.sep)[-2:]) for d in dirs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"runs: two runs have the same label in {dirs}; pass directories with distinct names")
+    return names
+
+
+def load_runs(dirs: list[str]) -> tuple[list[FinetuneConfig], list[dict]]:
+    """Each run's saved config and summary.json; refuses a run without a checkpoint or an
+    unfinished one (no summary.json yet)."""
+    from arli.runs import load_run_config  # noqa: PLC0415
+
+    configs, summaries = [], []
+    for run_dir in dirs:
+        try:
+            configs.append(load_run_config(run_dir))
+        except ConfigError as exc:
+            raise ConfigError(f"runs: {exc}") from None
+        if not os.path.exists(os.path.join(run_dir, "checkpoint", "trainer_state.pt")):
+            raise ConfigError(f"runs: {run_dir} has no checkpoint (checkpoint/trainer_state.pt); pass `arli "
+                              "finetune` output directories of finished runs")
+        path = os.path.join(run_dir, "summary.json")
+        if not os.path.exists(path):
+            raise ConfigError(f"runs: {run_dir} has no summary.json (a run not finished, or stopped); pass "
+                              "`arli finetune` output directories of finished runs")
+        with open(path, encoding="utf-8") as fh:
+            summaries.append(json.load(fh))
+    return configs, summaries
+
+
+def check_tune_seeds(dirs: list[str], configs: list[FinetuneConfig], seed_base: int, episodes: int) -> None:
+    """The seeds asked for are tune seeds of every run: outside its test seeds and the
+    training episodes' seeds (checked before anything is loaded or evaluated)."""
+    asked = range(seed_base, seed_base + episodes)
+    for run_dir, cfg in zip(dirs, configs):
+        test = cfg.run.test_range()
+        if not disjoint(asked, test):
+            raise ConfigError(f"episodes: {episodes} episodes from run.tune_seed={seed_base} reach the test seeds "
+                              f"[{test.start}, {test.stop}) of {run_dir}; choices are made on tune seeds only: "
+                              f"pass episodes<={test.start - seed_base}" if test.start > seed_base else
+                              f"episodes: the tune seeds of {run_dir} from {seed_base} overlap its test seeds")
+        if not disjoint(asked, TRAIN_SEED_BLOCK):
+            raise ConfigError(f"episodes: {episodes} episodes from run.tune_seed={seed_base} reach the training "
+                              f"episodes' seeds [{TRAIN_SEED_BLOCK.start}, {TRAIN_SEED_BLOCK.stop}); pass fewer "
+                              "episodes")
+
+
+def evaluate_run(run_dir: str, run_cfg: FinetuneConfig, seed_base: int, episodes: int, with_base: bool) -> dict:
+    """One run loaded as ``arli eval`` loads it: its finetuned residual (and, ``with_base``,
+    the base alone) on ``episodes`` episodes from ``seed_base``, which must be its tune seeds."""
+    from arli.commands.eval import split_of  # noqa: PLC0415
+    from arli.runs import make_finetuner  # noqa: PLC0415
+
+    ft, name, delay = make_finetuner(run_cfg)
+    ft.load(os.path.join(run_dir, "checkpoint"))
+    split = split_of(run_cfg.run, seed_base, episodes, ft.train_range())
+    if split != "tune":  # never a choice on the test seeds (or on the training episodes)
+        raise ConfigError(f"episodes: seeds {seed_base}..{seed_base + episodes - 1} are {split} seeds of {run_dir}, "
+                          "not tune seeds; pass fewer episodes")
+    final = ft.evaluate(episodes, seed_base)["outcomes"]
+    base = ft.evaluate(episodes, seed_base, residual=False)["outcomes"] if with_base else None
+    out = {"final": final, "base": base, "env_steps": ft.env_steps, "env": name, "delay_steps": delay,
+           "split": split}
+    close = getattr(ft.env, "close", None)
+    if close is not None:
+        close()
+    return out
+
+
+# -- the numbers and the choice -----------------------------------------------------------
+def _gain(after: np.ndarray, before: np.ndarray) -> dict:
+    ci = gain_ci(after, before)
+    return {"mean": float(np.mean(after - before)), "ci95": list(ci), "verdict": verdict(ci)}
+
+
+def run_rows(labels: list[str], overrides: list[list[str]], finals: list, base, env_steps: list[int],
+             wall_s: list) -> list[dict]:
+    """Per run: its tune success with a 95% interval and the paired gains vs the reference
+    (the first) and vs the base alone, all on the same episodes (1 x episodes matrices)."""
+    base = np.asarray(base, float)[None]
+    outcomes = [np.asarray(f, float)[None] for f in finals]
+    rows = []
+    for label, over, x, steps, wall in zip(labels, overrides, outcomes, env_steps, wall_s):
+        rows.append({"label": label, "overrides": over, "env_steps": steps, "wall_s": wall,
+                     "success": float(x.mean()), "ci95": list(success_ci(x)),
+                     "gain_vs_reference": _gain(x, outcomes[0]), "gain_vs_base": _gain(x, base),
+                     "outcomes": [int(v) for v in x[0]]})
+    return rows
+
+
+def choose(rows: list[dict], episodes: int) -> dict:
+    """The highest tune success among the runs whose paired gain over the reference (the
+    first row) has a 95% interval with lower bound > 0 (ties: the larger lower bound, then
+    the earlier run); none -> the reference is kept."""
+    ref = rows[0]
+    better = [r for r in rows[1:] if r["gain_vs_reference"]["ci95"][0] > 0]
+    if better:
+        pick = max(better, key=lambda r: (r["success"], r["gain_vs_reference"]["ci95"][0]))
+        g = pick["gain_vs_reference"]
+        return {"chosen": pick["label"],
+                "why": (f"{pick['label']} ({' '.join(pick['overrides']) or 'the same settings'}): tune success "
+                        f"{pick['success']:.3f} vs the reference {ref['label']}'s {ref['success']:.3f}, paired gain "
+                        f"{g['mean']:+.3f} with 95% CI [{g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}] above 0 on "
+                        f"{episodes} tune episodes; the highest tune success of the {len(better)} of "
+                        f"{len(rows) - 1} runs whose gain over the reference is resolved above 0")}
+    if len(rows) == 1:
+        return {"chosen": ref["label"], "why": "only the reference was given; it is kept"}
+    best = max(rows[1:], key=lambda r: r["gain_vs_reference"]["mean"])
+    g = best["gain_vs_reference"]
+    return {"chosen": ref["label"],
+            "why": (f"no run's paired gain over the reference {ref['label']} has a 95% CI above 0 on {episodes} "
+                    f"tune episodes (the largest: {best['label']} {g['mean']:+.3f}, CI [{g['ci95'][0]:+.3f}, "
+                    f"{g['ci95'][1]:+.3f}], {g['verdict']}); the reference is kept")}
+
+
+# -- the command --------------------------------------------------------------------------
+def command_line(cfg: BenchTuneConfig) -> str:
+    extra = "" if cfg.report_dir == "reports" else f" report_dir={cfg.report_dir}"
+    return f"arli bench tune 'runs=[{','.join(cfg.runs)}]' name={cfg.name} episodes={cfg.episodes}{extra}"
+
+
+def markdown(cfg: BenchTuneConfig, payload: dict) -> list[str]:
+    ev, base, rows, chosen = payload["eval"], payload["base"], payload["runs"], payload["chosen"]
+    md = [f"# {cfg.name}: {len(rows)} settings on `{payload['env']}`, d = {payload['delay_steps']}, tune seeds",
+          "", f"`{command_line(cfg)}`", "",
+          f"Each run's finetuned residual and the base alone on the same {ev['episodes']} **tune** episodes (seeds "
+          f"{ev['seed_base']}..{ev['seed_base'] + ev['episodes'] - 1}); 95% bootstrap intervals over episodes, "
+          f"gains paired on the episodes. The reference is `{rows[0]['label']}`.", "",
+          "| run | settings vs reference | env steps | wall s | tune success | 95% CI | gain vs reference "
+          "| 95% CI | verdict | gain vs base | 95% CI | verdict |",
+          "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
+          f"| base alone | — | — | — | {base['success']:.3f} | {base['ci95'][0]:.3f}–{base['ci95'][1]:.3f} "
+          "| | | | | | |"]
+    for i, r in enumerate(rows):
+        gr, gb = r["gain_vs_reference"], r["gain_vs_base"]
+        settings = "(reference)" if i == 0 else " ".join(f"`{o}`" for o in r["overrides"]) or "(same settings)"
+        mark = " **(chosen)**" if r["label"] == chosen["chosen"] else ""
+        wall = "—" if r["wall_s"] is None else f"{r['wall_s']:.0f}"
+        md.append(f"| `{r['label']}`{mark} | {settings} | {r['env_steps']} | {wall} | {r['success']:.3f} | "
+                  f"{r['ci95'][0]:.3f}–{r['ci95'][1]:.3f} | "
+                  + ("— | — | — | " if i == 0 else
+                     f"{gr['mean']:+.3f} | {gr['ci95'][0]:+.3f} – {gr['ci95'][1]:+.3f} | {gr['verdict']} | ")
+                  + f"{gb['mean']:+.3f} | {gb['ci95'][0]:+.3f} – {gb['ci95'][1]:+.3f} | {gb['verdict']} |")
+    md += ["", f"**Chosen: `{chosen['chosen']}`.** {chosen['why']}.", "",
+           "The rule, in code (`arli.bench.tune.choose`): the highest tune success among the runs whose paired "
+           "gain over the reference has a 95% CI lower bound > 0; none -> the reference is kept. Each interval "
+           "is per comparison (no correction for the number of runs).", "",
+           "*These are tune seeds: numbers for choosing, not for reporting.* The chosen setting's numbers come "
+           "from its test seeds (`summary.json` / `eval_test.json` of its runs, `arli bench runs` over training "
+           "seeds), which no choice saw.", "", f"![tune success]({cfg.name}.png)", ""]
+    return md
+
+
+def plot(path: str, payload: dict) -> None:
+    rows, base, chosen = payload["runs"], payload["base"], payload["chosen"]["chosen"]
+    with success_plot(path, f"{payload['env']}, d = {payload['delay_steps']}: tune success "
+                      f"({payload['eval']['episodes']} episodes)\nchosen: {chosen}", "run",
+                      figsize=(max(5.0, 1.2 * len(rows) + 2), 4.2)) as ax:
+        seen = set()
+        for i, r in enumerate(rows):
+            kind = ("reference (kept)" if r["label"] == chosen else "reference") if i == 0 else \
+                ("chosen" if r["label"] == chosen else "other settings")
+            color = {"reference": "tab:gray", "reference (kept)": "tab:orange", "chosen": "tab:orange",
+                     "other settings": "tab:blue"}[kind]
+            err = [[r["success"] - r["ci95"][0]], [r["ci95"][1] - r["success"]]]
+            ax.bar(i, r["success"], yerr=err, capsize=4, color=color, label=None if kind in seen else kind)
+            seen.add(kind)
+        ax.axhline(base["success"], color="black", linestyle="--", label="base alone")
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels([r["label"] for r in rows], rotation=25, ha="right", fontsize=8)
+
+
+def main(cfg: BenchTuneConfig, evaluate: Evaluate = evaluate_run) -> int:
+    if len(cfg.runs) < 2:
+        raise ConfigError(f"runs: expected two or more `arli finetune` output directories, the reference first, "
+                          f"got {list(cfg.runs)!r}")
+    dirs = list(cfg.runs)
+    labels = labels_of(dirs)
+    configs, summaries = load_runs(dirs)
+    dicts = [config_dict(c) for c in configs]
+    check_comparable(dirs, dicts)
+    seed_base, episodes = configs[0].run.tune_seed, cfg.episodes
+    check_tune_seeds(dirs, configs, seed_base, episodes)
+    results = []
+    for i, (run_dir, run_cfg) in enumerate(tqdm(list(zip(dirs, configs)), desc="runs", unit="run")):
+        res = evaluate(run_dir, run_cfg, seed_base, episodes, i == 0)
+        if res["split"] != "tune":
+            raise ConfigError(f"episodes: {run_dir} was evaluated on {res['split']} seeds; choices use tune seeds")
+        if results and res["delay_steps"] != results[0]["delay_steps"]:
+            raise ConfigError(f"runs: {run_dir} plans d = {res['delay_steps']} control steps, the reference "
+                              f"d = {results[0]['delay_steps']}; pass runs with the reference's delay_steps")
+        summary_steps = summaries[i].get("env_steps")
+        if summary_steps is not None and res.get("env_steps") is not None and res["env_steps"] != summary_steps:
+            raise ConfigError(f"runs: {run_dir}'s checkpoint is at {res['env_steps']} env steps, its summary.json "
+                              f"at {summary_steps} (a resumed run not finished?); pass finished runs")
+        results.append(res)
+        tqdm.write(f"{labels[i]}: tune success {np.mean(res['final']):.3f} on {episodes} episodes")
+    rows = run_rows(labels, [settings_diff(dicts[0], d) for d in dicts], [r["final"] for r in results],
+                    results[0]["base"], [r.get("env_steps", s.get("env_steps")) for r, s in zip(results, summaries)],
+                    [s.get("wall_s") for s in summaries])
+    base = np.asarray(results[0]["base"], float)[None]
+    payload = {"env": results[0]["env"], "delay_steps": results[0]["delay_steps"], "reference": labels[0],
+               "command": command_line(cfg), "eval": {"split": "tune", "seed_base": seed_base, "episodes": episodes},
+               "base": {"success": float(base.mean()), "ci95": list(success_ci(base)),
+                        "outcomes": [int(v) for v in base[0]]},
+               "runs": rows, "chosen": choose(rows, episodes), "machine": machine_info()}
+    md = markdown(cfg, payload)
+    write_report(cfg.report_dir, cfg.name, payload, "\n".join(md))
+    plot(os.path.join(cfg.report_dir, f"{cfg.name}.png"), payload)
+    print("\n".join(md[:-2]))
+    print_last_line_json({"chosen": payload["chosen"], "eval": payload["eval"],
+                          "runs": [{k: r[k] for k in ("label", "success", "ci95", "gain_vs_reference")} for r in rows]})
+    return 0

@@ -1,0 +1,221 @@
+"""``arli bench tune``: a setting chosen on the tune seeds, by code: the reference is kept unless a
+run's paired gain over it is resolved above 0; runs evaluated differently are refused."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from arli.bench.tune import choose, main, run_rows, settings_diff
+from arli.cli import compose
+from arli.cli import main as cli_main
+from arli.config import ConfigError
+
+N = 40
+REF = [1] * 20 + [0] * 20  # 0.50
+BETTER = [1] * 20 + [1] * 12 + [0] * 8  # the reference's successes and 12 more: gain +0.30, resolved
+SOMEWHAT = [1] * 20 + [1] * 6 + [0] * 14  # gain +0.15 (6 episodes up, none down): resolved
+NOISY = [0] * 4 + [1] * 16 + [1] * 8 + [0] * 12  # 0.60, but 8 up and 4 down: gain +0.10, CI includes 0
+BASE = [1] * 10 + [0] * 30
+
+
+def _fake_run(path, *overrides, steps=100, wall=12.5, checkpoint=True):
+    """A finished run's directory as `arli finetune` leaves it (config.yaml, summary.json,
+    checkpoint/), with nothing trained: the evaluation is injected."""
+    cfg = compose("finetune", ["env=pick_cube", "checkpoint=expert", "delay_steps=4", *overrides])
+    path.mkdir()
+    OmegaConf.save(OmegaConf.structured(cfg), path / "config.yaml")
+    (path / "summary.json").write_text(json.dumps({"env_steps": steps, "wall_s": wall}))
+    if checkpoint:
+        (path / "checkpoint").mkdir()
+        (path / "checkpoint" / "trainer_state.pt").write_bytes(b"")
+    return str(path)
+
+
+class FakeEval:
+    """Hand-made per-episode outcomes per run directory; records what was asked."""
+
+    def __init__(self, finals, base=BASE):
+        self.finals, self.base, self.calls = finals, base, []
+
+    def __call__(self, run_dir, run_cfg, seed_base, episodes, with_base):
+        self.calls.append((os.path.basename(run_dir), seed_base, episodes, with_base))
+        return {"final": self.finals[os.path.basename(run_dir)][:episodes], "env_steps": 100,
+                "base": self.base[:episodes] if with_base else None, "env": "pick_cube",
+                "delay_steps": run_cfg.delay_steps, "split": "tune"}
+
+
+def _never(*args):
+    raise AssertionError("nothing may be evaluated before the runs are checked")
+
+
+def _rows(*finals):
+    labels = [f"r{i}" for i in range(len(finals))]
+    return run_rows(labels, [[]] * len(finals), list(finals), BASE, [100] * len(finals), [1.0] * len(finals))
+
+
+def test_the_choice_keeps_the_reference_unless_a_gain_over_it_is_resolved_above_0():
+    rows = _rows(REF, NOISY)
+    assert rows[1]["success"] > rows[0]["success"]  # higher on the tune seeds, but not resolved
+    lo, hi = rows[1]["gain_vs_reference"]["ci95"]
+    assert lo <= 0 < hi and rows[1]["gain_vs_reference"]["verdict"] == "unresolved"
+    kept = choose(rows, N)
+    assert kept["chosen"] == "r0" and "reference is kept" in kept["why"] and "r1" in kept["why"]
+    # a run whose gain's interval excludes 0 is chosen
+    rows = _rows(REF, NOISY, BETTER)
+    assert rows[2]["gain_vs_reference"]["ci95"][0] > 0 and rows[2]["gain_vs_reference"]["mean"] == pytest.approx(0.3)
+    assert choose(rows, N)["chosen"] == "r2"
+    # of two resolved runs, the higher tune success wins, not the earlier one
+    rows = _rows(REF, SOMEWHAT, BETTER)
+    assert rows[1]["gain_vs_reference"]["verdict"] == "above" == rows[2]["gain_vs_reference"]["verdict"]
+    assert choose(rows, N)["chosen"] == "r2"
+    assert choose(_rows(REF, SOMEWHAT), N)["chosen"] == "r1"
+    # a run resolved below the reference is never chosen
+    assert choose(_rows(BETTER, REF), N)["chosen"] == "r0"
+
+
+def test_the_settings_that_differ_are_listed_as_hydra_overrides(tmp_path):
+    from arli.bench.tune import config_dict
+    from arli.runs import load_run_config
+
+    a = _fake_run(tmp_path / "a")
+    b = _fake_run(tmp_path / "b", "run.seed=1", "run.learner.actor_lr=1e-5", "run.learner.anchor_weight=0.5",
+                  "run.variant=standard")
+    ref, other = (config_dict(load_run_config(d)) for d in (a, b))
+    assert settings_diff(ref, ref) == []
+    diff = settings_diff(ref, other)
+    assert set(diff) == {"run.seed=1", "run.learner.actor_lr=1e-05", "run.learner.anchor_weight=0.5",
+                         "run.variant=standard"}
+    # each one is an override that composes back to the run's setting
+    again = compose("finetune", ["env=pick_cube", "checkpoint=expert", "delay_steps=4", *diff])
+    assert again.run == load_run_config(b).run
+    # keys one side lacks: + and ~, as Hydra writes them; lists and null as Hydra reads them
+    assert settings_diff({"run": {"a": 1}}, {"run": {"b": [1, 2], "c": None}}) == ["+run.b=[1,2]", "+run.c=null",
+                                                                                  "~run.a"]
+
+
+def test_bench_tune_reports_every_run_on_the_tune_seeds_and_the_choice(tmp_path):
+    ref = _fake_run(tmp_path / "default")
+    noisy = _fake_run(tmp_path / "noisy", "run.learner.actor_lr=1e-5", wall=20.0)
+    better = _fake_run(tmp_path / "better", "run.learner.anchor_weight=0.5", "run.seed=1", steps=100)
+    fake = FakeEval({"default": REF, "noisy": NOISY, "better": BETTER})
+    cfg = compose("bench_tune", [f"runs=[{ref},{noisy},{better}]", "name=t", f"episodes={N}",
+                                 f"report_dir={tmp_path / 'reports'}"])
+    assert main(cfg, evaluate=fake) == 0
+    # each run once on the tune seeds run.tune_seed .., the base alone once (with the reference)
+    assert fake.calls == [("default", 10_000, N, True), ("noisy", 10_000, N, False), ("better", 10_000, N, False)]
+    report = json.loads((tmp_path / "reports" / "t.json").read_text())
+    assert report["env"] == "pick_cube" and report["delay_steps"] == 4
+    assert report["eval"] == {"split": "tune", "seed_base": 10_000, "episodes": N}
+    assert report["base"]["success"] == 0.25 and report["base"]["ci95"][0] < 0.25 < report["base"]["ci95"][1]
+    assert {"cpus", "python"} <= set(report["machine"])
+    runs = {r["label"]: r for r in report["runs"]}
+    assert [r["label"] for r in report["runs"]] == ["default", "noisy", "better"]
+    assert runs["default"]["overrides"] == [] and runs["noisy"]["overrides"] == ["run.learner.actor_lr=1e-05"]
+    assert set(runs["better"]["overrides"]) == {"run.seed=1", "run.learner.anchor_weight=0.5"}
+    assert runs["noisy"]["wall_s"] == 20.0 and runs["better"]["env_steps"] == 100
+    assert runs["better"]["success"] == 0.8 and runs["better"]["gain_vs_reference"]["verdict"] == "above"
+    assert runs["better"]["gain_vs_base"]["mean"] == pytest.approx(0.55)
+    assert runs["default"]["gain_vs_reference"]["mean"] == 0 and runs["default"]["gain_vs_reference"]["ci95"] == [0, 0]
+    assert set(runs["noisy"]) >= {"label", "overrides", "env_steps", "wall_s", "success", "ci95",
+                                  "gain_vs_reference", "gain_vs_base"}
+    assert set(runs["noisy"]["gain_vs_base"]) == {"mean", "ci95", "verdict"}
+    assert report["chosen"]["chosen"] == "better" and set(report["chosen"]) == {"chosen", "why"}
+    md = (tmp_path / "reports" / "t.md").read_text()
+    assert f"arli bench tune 'runs=[{ref},{noisy},{better}]' name=t" in md
+    assert "not for reporting" in md and "**Chosen: `better`.**" in md and "`run.learner.actor_lr=1e-05`" in md
+    assert (tmp_path / "reports" / "t.png").stat().st_size > 1000
+    # without the better run, the reference is kept although `noisy` is higher on the tune seeds
+    cfg = compose("bench_tune", [f"runs=[{ref},{noisy}]", "name=u", f"episodes={N}", f"report_dir={tmp_path}"])
+    assert main(cfg, evaluate=FakeEval({"default": REF, "noisy": NOISY})) == 0
+    assert json.loads((tmp_path / "u.json").read_text())["chosen"]["chosen"] == "default"
+
+
+@pytest.mark.parametrize("overrides,field", [
+    (["delay_steps=8"], "delay_steps"),
+    (["env=peg_insert"], "env.name"),
+    (["env.max_episode_steps=50"], "env.max_episode_steps"),
+    (["run.tune_seed=20000"], "run.tune_seed"),
+    (["chunking.strategy=rtc"], "chunking.strategy"),
+])
+def test_runs_evaluated_differently_are_refused_naming_the_field(tmp_path, overrides, field):
+    ref = _fake_run(tmp_path / "ref")
+    other = _fake_run(tmp_path / "other", *overrides)
+    cfg = compose("bench_tune", [f"runs=[{ref},{other}]", f"report_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=rf"runs: .*other differs .* in {field.replace('.', r'[.]')} .*pass runs with "
+                                          rf"{field.replace('.', r'[.]')}="):
+        main(cfg, evaluate=_never)
+    assert not (tmp_path / "tune.json").exists()
+
+
+def test_a_latency_model_that_does_not_decide_the_delay_is_not_a_difference(tmp_path):
+    ref = _fake_run(tmp_path / "ref")
+    other = _fake_run(tmp_path / "other", "latency=lognormal")  # delay_steps=4 fixes the delay on both
+    cfg = compose("bench_tune", [f"runs=[{ref},{other}]", f"episodes={N}", f"report_dir={tmp_path}"])
+    assert main(cfg, evaluate=FakeEval({"ref": REF, "other": REF})) == 0
+
+
+def test_runs_without_a_checkpoint_or_unfinished_and_test_seeds_are_refused(tmp_path, capsys):
+    ref = _fake_run(tmp_path / "ref")
+    bare = _fake_run(tmp_path / "bare", checkpoint=False)
+    with pytest.raises(ConfigError, match=r"runs: .*bare has no checkpoint"):
+        main(compose("bench_tune", [f"runs=[{ref},{bare}]", f"report_dir={tmp_path}"]), evaluate=_never)
+    running = _fake_run(tmp_path / "running")
+    os.remove(os.path.join(running, "summary.json"))
+    with pytest.raises(ConfigError, match=r"runs: .*running has no summary.json"):
+        main(compose("bench_tune", [f"runs=[{ref},{running}]", f"report_dir={tmp_path}"]), evaluate=_never)
+    with pytest.raises(ConfigError, match=r"runs: .*missing config.yaml"):
+        main(compose("bench_tune", [f"runs=[{ref},{tmp_path}]", f"report_dir={tmp_path}"]), evaluate=_never)
+    # 100 episodes from the tune seed 10000 would reach test seeds from 10050: refused, never evaluated
+    near = [_fake_run(tmp_path / f"near{i}", "run.test_seed=10050") for i in range(2)]
+    with pytest.raises(ConfigError, match=r"episodes: .*reach the test seeds .*pass episodes<=50"):
+        main(compose("bench_tune", [f"runs=[{near[0]},{near[1]}]", "episodes=100", f"report_dir={tmp_path}"]),
+             evaluate=_never)
+    # one run is no choice; through the CLI: one line, exit 2
+    assert cli_main(["bench", "tune", f"runs=[{ref}]", f"report_dir={tmp_path}"]) == 2
+    assert "runs: expected two or more" in capsys.readouterr().err
+    assert cli_main(["bench", "tune", "name=a/b"]) == 2 and "name" in capsys.readouterr().err
+
+
+def _tiny_real_run(path, *overrides):
+    """A real finished run with no online step: anchor-pretrained residual, saved as `arli
+    finetune` saves it (the cheapest run whose checkpoint loads and evaluates)."""
+    from arli.runs import make_finetuner
+
+    cfg = compose("finetune", ["env=pick_cube", "checkpoint=expert", "delay_steps=4", "env.max_episode_steps=30",
+                               "run.anchor_episodes=1", "run.eval_episodes=2", "run.learner.pretrain_updates=5",
+                               "run.learner.hidden=16", "run.learner.critic_hidden=16", "run.learner.batch_size=16",
+                               "run.learner.critic_heads=2", f"output_dir={path}", *overrides])
+    ft, _, _ = make_finetuner(cfg)
+    ft.prepare()
+    os.makedirs(path)
+    ft.save(os.path.join(path, "checkpoint"))
+    OmegaConf.save(OmegaConf.structured(cfg), os.path.join(path, "config.yaml"))
+    with open(os.path.join(path, "summary.json"), "w", encoding="utf-8") as fh:
+        json.dump({"env_steps": ft.env_steps, "wall_s": 1.0}, fh)
+    return str(path), cfg
+
+
+@pytest.mark.slow
+def test_real_runs_are_loaded_as_arli_eval_loads_them_and_evaluated_on_tune_seeds(tmp_path):
+    from arli.runs import load_run_config, make_finetuner
+
+    ref, _ = _tiny_real_run(tmp_path / "ref")
+    other, _ = _tiny_real_run(tmp_path / "other", "run.seed=1", "run.learner.pretrain_updates=10")
+    cfg = compose("bench_tune", [f"runs=[{ref},{other}]", "name=real", "episodes=3", f"report_dir={tmp_path}"])
+    assert main(cfg) == 0
+    report = json.loads((tmp_path / "real.json").read_text())
+    assert report["eval"] == {"split": "tune", "seed_base": 10_000, "episodes": 3}
+    assert report["env"] == "pick_cube" and report["delay_steps"] == 4
+    ref_row, other_row = report["runs"]
+    assert other_row["overrides"] == ["run.seed=1", "run.learner.pretrain_updates=10"] and ref_row["overrides"] == []
+    assert len(report["base"]["outcomes"]) == 3 and len(other_row["outcomes"]) == 3
+    assert report["chosen"] == choose(report["runs"], 3)
+    # the same numbers `arli eval run=<other> seed_base=10000 episodes=3` gets
+    ft, _, _ = make_finetuner(load_run_config(other))
+    ft.load(os.path.join(other, "checkpoint"))
+    assert [int(x) for x in ft.evaluate(3, 10_000)["outcomes"]] == other_row["outcomes"]
+    assert [int(x) for x in ft.evaluate(3, 10_000, residual=False)["outcomes"]] == report["base"]["outcomes"]
+    np.testing.assert_allclose(report["base"]["success"], np.mean(report["base"]["outcomes"]))
