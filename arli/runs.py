@@ -46,6 +46,12 @@ def make_finetuner(cfg: FinetuneConfig, render: bool = False):
     return Finetuner(cfg.run, env, base, EXPERTS.get(name), latency, mean, std, cfg.chunking), name, delay
 
 
+# settings whose default changed when they were introduced: a run saved before then has no
+# such key and ran with this value, not today's default
+BEFORE_THEY_EXISTED = {"run.learner.awr_advantage": "td", "run.learner.anchor_decay_updates": 0,
+                       "run.start_guard": False}
+
+
 def load_run_config(run_dir: str) -> FinetuneConfig:
     """The finetune config a run saved (``<run>/config.yaml``), validated as at its start."""
     path = os.path.join(run_dir, "config.yaml")
@@ -53,7 +59,11 @@ def load_run_config(run_dir: str) -> FinetuneConfig:
         raise ConfigError(f"run: no finetune run at {run_dir} (missing config.yaml); pass an `arli finetune` "
                           "output directory")
     try:
-        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(FinetuneConfig), OmegaConf.load(path)))
+        saved = OmegaConf.load(path)
+        for key, value in BEFORE_THEY_EXISTED.items():  # what a run saved before a key existed ran with
+            if OmegaConf.select(saved, key, default=None) is None:
+                OmegaConf.update(saved, key, value, force_add=True)
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(FinetuneConfig), saved))
     except OmegaConfBaseException as exc:
         first = str(exc).strip().splitlines()[0]
         raise ConfigError(f"run: {path} does not fit this ARLI's finetune config ({first}); evaluate it with "

@@ -219,3 +219,13 @@ def test_real_runs_are_loaded_as_arli_eval_loads_them_and_evaluated_on_tune_seed
     assert [int(x) for x in ft.evaluate(3, 10_000)["outcomes"]] == other_row["outcomes"]
     assert [int(x) for x in ft.evaluate(3, 10_000, residual=False)["outcomes"]] == report["base"]["outcomes"]
     np.testing.assert_allclose(report["base"]["success"], np.mean(report["base"]["outcomes"]))
+
+
+def test_awr_only_settings_are_not_listed_for_a_run_that_does_not_use_awr():
+    from arli.bench.tune import settings_diff
+
+    ref = {"run": {"learner": {"actor_update": "awr", "awr_advantage": "td", "actor_lr": 3e-5}}}
+    dpg = {"run": {"learner": {"actor_update": "dpg", "awr_advantage": "q", "actor_lr": 1e-6}}}
+    awr = {"run": {"learner": {"actor_update": "awr", "awr_advantage": "q", "actor_lr": 3e-5}}}
+    assert settings_diff(ref, dpg) == ["run.learner.actor_update=dpg", "run.learner.actor_lr=1e-06"]
+    assert settings_diff(ref, awr) == ["run.learner.awr_advantage=q"]

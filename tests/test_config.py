@@ -171,3 +171,21 @@ def test_a_saved_run_with_an_inert_awr_setting_still_loads(tmp_path):
         compose("finetune", ["run.learner.actor_update=dpg", "run.learner.awr_advantage=td"])
     loaded = load_run_config(str(tmp_path))
     assert loaded.run.learner.actor_update == "dpg" and loaded.run.learner.awr_advantage == "q"
+
+
+def test_a_run_saved_before_a_setting_existed_loads_with_what_it_ran(tmp_path):
+    """A config.yaml without awr_advantage / anchor_decay_updates / start_guard (written
+    before they existed) loads as it ran: TD advantage, no fade, no guard, not today's defaults."""
+    from omegaconf import OmegaConf
+
+    from arli.config import FinetuneConfig
+    from arli.runs import load_run_config
+
+    saved = OmegaConf.to_container(OmegaConf.structured(FinetuneConfig()))
+    for key in ("awr_advantage", "anchor_decay_updates"):
+        del saved["run"]["learner"][key]
+    del saved["run"]["start_guard"]
+    OmegaConf.save(OmegaConf.create(saved), tmp_path / "config.yaml")
+    run = load_run_config(str(tmp_path)).run
+    assert (run.learner.awr_advantage, run.learner.anchor_decay_updates, run.start_guard) == ("td", 0, False)
+    assert FinetuneConfig().run.learner.awr_advantage == "q"  # today's default differs

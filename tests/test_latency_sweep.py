@@ -54,7 +54,7 @@ def test_latency_sweep_cells_cache_and_report(tmp_path):
     assert "budget=150" in md and "Expected results" in md and "ceiling" in md
     verdicts = {v["claim"]: v for v in out["verdicts"]}
     assert verdicts["arli@4 - start@4 >= +0.05, gain CI excludes 0"]["holds"] is not None  # computed
-    assert verdicts["standard@4 <= arli@4 - 0.20"]["holds"] is None  # standard@4 not run
+    assert verdicts["standard@4 <= arli@4 - 0.20 (means, paired CI shown)"]["holds"] is None  # standard@4 not run
     assert (tmp_path / "reports" / "latency_sweep.png").stat().st_size > 1000
     # a second run finds every cell in the cache and runs nothing new
     again = _sweep(tmp_path)
@@ -159,7 +159,7 @@ def test_each_verdict_family_holds_on_good_cells_and_fails_on_bad_ones():
     assert [c["claim"] for c in good.values() if not c["holds"]] == []
     assert [c["claim"] for c in bad.values() if c["holds"] is not False] == []
     # the numbers behind them
-    t8 = good["arli@8 >= 0.90 (ceiling@8 - 0.03 where the ceiling is lower)"]["values"]
+    t8 = good["arli@8 >= 0.90 (ceiling@8 - 0.03 where the ceiling is lower; mean, CI shown)"]["values"]
     assert t8["target"] == 0.90 and t8["arli@8"] == 0.93 and t8["ceiling@8"] == 0.99
     c = bad["arli@4 >= uniform_control@4 + 0.05 (paired CI > 0)"]["values"]
     assert c["difference"] == -0.02 and c["difference_ci95"][1] <= 0
@@ -185,18 +185,18 @@ def test_a_missing_cell_leaves_its_rules_not_evaluated():
     got = _verdicts(partial)
     assert got["arli@4 >= bc_control@4 + 0.05 (paired CI > 0)"]["holds"] is None
     assert got["arli@8 >= bc_control@8 + 0.05 (paired CI > 0)"]["holds"] is True  # its own cells exist
-    assert got["arli@0 >= 0.95 (ceiling@0 - 0.03 where the ceiling is lower)"]["holds"] is None
+    assert got["arli@0 >= 0.95 (ceiling@0 - 0.03 where the ceiling is lower; mean, CI shown)"]["holds"] is None
     assert got["arli@0 - start@0 >= +0.05, gain CI excludes 0"]["holds"] is None
-    assert got["standard@4 <= arli@4 - 0.20"]["holds"] is None
-    assert got["arli@4 >= standard@0 - 0.03"]["holds"] is True
+    assert got["standard@4 <= arli@4 - 0.20 (means, paired CI shown)"]["holds"] is None
+    assert got["arli@4 >= standard@0 - 0.03 (means, CIs shown)"]["holds"] is True
     # without a ceiling cell the nominal target stands
     no_ceiling = _verdicts({k: v for k, v in HOLDS.items() if k[0] != "ceiling"})
-    t4 = no_ceiling["arli@4 >= 0.95 (ceiling@4 - 0.03 where the ceiling is lower)"]
+    t4 = no_ceiling["arli@4 >= 0.95 (ceiling@4 - 0.03 where the ceiling is lower; mean, CI shown)"]
     assert t4["holds"] is True and t4["values"]["target"] == 0.95 and t4["values"]["ceiling@4"] is None
 
 
 def test_a_lower_ceiling_lowers_the_target():
-    claim = "arli@8 >= 0.90 (ceiling@8 - 0.03 where the ceiling is lower)"
+    claim = "arli@8 >= 0.90 (ceiling@8 - 0.03 where the ceiling is lower; mean, CI shown)"
     cells = {("arli", 8): (85, 80)}
     assert _verdicts({**cells, ("ceiling", 8): 95})[claim]["holds"] is False  # a ceiling above 0.90: 0.90 stands
     low = _verdicts({**cells, ("ceiling", 8): 80})[claim]
@@ -342,8 +342,8 @@ def test_ideal_reference_reuses_standard_at_zero_delay():
     alone = compose("bench_latency_sweep", ["delay_steps=[4]", "variants=[arli,standard_d0]"])
     assert sorted({(v, d) for v, d, _ in plan(alone)}) == [("arli", 4), (IDEAL, 0)]
     got = _verdicts({("arli", 4): (90, 80), (IDEAL, 0): (92, 80)}, alone)
-    assert got["arli@4 >= standard@0 - 0.03"]["holds"] is True
-    assert got["arli@4 >= standard@0 - 0.03"]["values"]["standard@0"] == 0.92
+    assert got["arli@4 >= standard@0 - 0.03 (means, CIs shown)"]["holds"] is True
+    assert got["arli@4 >= standard@0 - 0.03 (means, CIs shown)"]["values"]["standard@0"] == 0.92
 
 
 def test_report_command_names_every_non_default_setting_it_needs_to_reproduce():

@@ -4,8 +4,8 @@ Success of the base policy (sync, async naive, async rtc) and of residual RL wit
 variant of DESIGN.md §2 at every delay, each RL cell next to its anchored start (the
 anchor-pretrained residual before any online step, on the same test episodes), two
 controls at every delay > 0 on the same anchor data (``bc_control``: the same learner with
-the critic's influence off; ``uniform_control``: AWR with every row weighted 1, so the
-critic steers nothing), and the residual's ceiling (``ceiling``: the projected expert of
+the critic's influence off; ``uniform_control``: AWR with every row weighted 1, the
+anchor rows fading as in the learner, so the critic steers nothing), and the residual's ceiling (``ceiling``: the projected expert of
 ``arli bench ceiling`` through the same scheduler and default bound, no learning). Every
 cell is evaluated on the same test episodes (seeds ``run.test_seed ..``); success is given
 with a two-level bootstrap interval over training seeds x episodes, gains as paired
@@ -304,7 +304,8 @@ def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], strategy
     for d, nominal in TARGETS.items():
         c, top = by.get(("arli", d)), ceil.get(d)
         target = round(top - CEILING_MARGIN, 4) if top is not None and top < nominal else nominal
-        rule(f"arli@{d} >= {nominal:.2f} (ceiling@{d} - {CEILING_MARGIN:.2f} where the ceiling is lower)", "target",
+        rule(f"arli@{d} >= {nominal:.2f} (ceiling@{d} - {CEILING_MARGIN:.2f} where the ceiling is lower; "
+             "mean, CI shown)", "target",
              [c], lambda c=c, t=target: c["success_mean"] >= t,
              {f"arli@{d}": _mean(c), "ci95": _get(c, "ci95"), f"ceiling@{d}": top, "target": target,
               "ci_lower_clears_target": None if c is None else c["ci95"][0] >= target})
@@ -323,11 +324,11 @@ def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], strategy
                  {f"arli@{d}": _mean(a), f"{control}@{d}": _mean(b), "difference": _get(diff, "mean"),
                   "difference_ci95": _get(diff, "ci95")})
     a4, s4 = by.get(("arli", 4)), by.get(("standard", 4))
-    rule(f"standard@4 <= arli@4 - {STANDARD_GAP:.2f}", "standard",
+    rule(f"standard@4 <= arli@4 - {STANDARD_GAP:.2f} (means, paired CI shown)", "standard",
          [a4, s4], lambda: s4["success_mean"] <= a4["success_mean"] - STANDARD_GAP,
          {"arli@4": _mean(a4), "standard@4": _mean(s4), "difference_ci95": _get(versus(a4, s4), "ci95")})
     s0 = by.get(("standard", 0), by.get((IDEAL, 0)))  # the ideal reference: standard_d0 when d = 0 is not swept
-    rule(f"arli@4 >= standard@0 - {IDEAL_MARGIN:.2f}", "ideal",
+    rule(f"arli@4 >= standard@0 - {IDEAL_MARGIN:.2f} (means, CIs shown)", "ideal",
          [a4, s0], lambda: a4["success_mean"] >= s0["success_mean"] - IDEAL_MARGIN,
          {"arli@4": _mean(a4), "standard@0": _mean(s0), "arli@4_ci95": _get(a4, "ci95"),
           "standard@0_ci95": _get(s0, "ci95")})
@@ -589,8 +590,9 @@ def markdown(p: dict, cfg: LatencySweepConfig) -> str:
         "switching for the residual variants. Success: mean over seeds x episodes with a 95% two-level "
         "bootstrap interval (training seeds, then episodes). Anchored start: the same run after anchor "
         "pretraining, before any online step; gain: final - start, paired on the same seeds and episodes. "
-        "`bc_control`: the same learner with the critic's influence off (BC on the anchor rows); "
-        "`uniform_control`: AWR with every row weighted 1. Ceiling: `arli bench ceiling`'s projected expert "
+        "`bc_control`: the same learner with the critic's influence off (BC on the anchor rows, fading with "
+        "the learner's anchor weight, after which the actor stops moving); `uniform_control`: AWR with every "
+        "row weighted 1, the anchor rows fading as in the learner. Ceiling: `arli bench ceiling`'s projected expert "
         f"through the same scheduler at the default bound (`run.learner.residual_scale`), no gripper authority. "
         "Steps to 80%: the evaluated env step at which every seed reached 80% (tune episodes).\n\n"
         + head + "\n".join(rows) + f"\n\n![latency sweep]({cfg.name}.png)\n\n"

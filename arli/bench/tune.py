@@ -73,12 +73,19 @@ def hydra_value(value: Any) -> str:
     return text if plain else "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+AWR_ONLY = ("awr_advantage", "awr_weights", "awr_temperature", "awr_max_weight")  # inert under dpg / select
+
+
 def settings_diff(reference: dict[str, Any], run: dict[str, Any], section: str = "run") -> list[str]:
     """The ``key=value`` Hydra overrides that turn the reference's ``section`` into the run's
     (both flattened): changed keys, ``+key=value`` for keys only the run has, ``~key`` for
     keys only the reference has."""
     ref = flatten(reference.get(section) or {}, f"{section}.")
     other = flatten(run.get(section) or {}, f"{section}.")
+    if other.get(f"{section}.learner.actor_update") != "awr":  # awr's own settings do nothing here
+        for name in AWR_ONLY:
+            ref.pop(f"{section}.learner.{name}", None)
+            other.pop(f"{section}.learner.{name}", None)
     out = []
     for key, value in other.items():
         if key not in ref:

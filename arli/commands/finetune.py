@@ -183,8 +183,10 @@ def main(cfg: FinetuneConfig) -> int:
     print("|---|---:|---:|")
     print(f"| base | {base_eval['success']:.2f} | {ci['base'][0]:.2f}–{ci['base'][1]:.2f} |")
     if start_success is not None:
-        print(f"| base + anchor-pretrained residual (0 online steps) | {start_success:.2f} | "
-              f"{ci['start'][0]:.2f}–{ci['start'][1]:.2f} |")
+        dropped = (summary["start_guard"] or {}).get("reverted", False)
+        label = ("RL's start: the base (the start guard dropped the anchored residual)" if dropped
+                 else "base + anchor-pretrained residual (0 online steps)")
+        print(f"| {label} | {start_success:.2f} | {ci['start'][0]:.2f}–{ci['start'][1]:.2f} |")
     by_intervener = (f", {ft.controller.intervened_steps} of them by the intervener "
                      f"({summary['intervention_share']:.0%}, {ft.controller.takeovers} takeovers)"
                      if spec.regime == "hil" else "")
