@@ -101,3 +101,18 @@ def _real_robot_finetuner(cfg, name: str):
     delay = to_delay_steps(latency.max_latency(), cfg.env.dt)
     # no sim evaluation of a real arm's start: the start guard cannot run here
     return Finetuner(replace(cfg.run, start_guard=False), env, base, None, latency, chunking=cfg.chunking), name, delay
+
+
+def split_of(spec, seed_base: int, episodes: int, train: range) -> str:
+    """Which seeds these are to the run: 'test' (within its test seeds), 'tune' (its curve's,
+    where its choices were made), 'train' (its demonstration and training episodes), else
+    'other' (seeds the run never saw)."""
+    asked = range(seed_base, seed_base + episodes)
+
+    def meets(r: range) -> bool:
+        return asked.start < r.stop and r.start < asked.stop
+
+    test = spec.test_range()
+    if test.start <= asked.start and asked.stop <= test.stop:
+        return "test"
+    return "tune" if meets(spec.tune_range()) else "train" if meets(train) else "other"

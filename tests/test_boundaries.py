@@ -64,7 +64,8 @@ def test_the_runtime_does_not_import_the_application(module):
 @pytest.mark.parametrize("module", ["arli.bench.latency_sweep", "arli.bench.anchor_start", "arli.bench.base",
                                     "arli.bench.runtime", "arli.bench.transport", "arli.bench.learner",
                                     "arli.bench.interventions", "arli.bench.pipeline", "arli.bench.sim",
-                                    "arli.bench.critic", "arli.bench.serve", "arli.bench.record"])
+                                    "arli.bench.critic", "arli.bench.serve", "arli.bench.record",
+                                    "arli.bench.tune", "arli.bench.runs", "arli.bench.ceiling"])
 def test_benchmarks_do_not_import_the_commands(module):
     assert not under(imported(module), "arli.commands", "arli.cli")
 

@@ -198,7 +198,7 @@ def test_sim_plans_from_measured_latencies_never_from_the_next_one():
 
 
 def test_eval_labels_the_seeds_by_what_the_run_did_with_them():
-    from arli.commands.eval import split_of
+    from arli.runs import split_of
     from arli.rl.config import RunSpec
 
     spec = RunSpec(tune_seed=10_000, eval_episodes=30, test_seed=5_000_000, test_episodes=200)

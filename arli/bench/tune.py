@@ -174,8 +174,7 @@ def check_tune_seeds(dirs: list[str], configs: list[FinetuneConfig], seed_base: 
 def evaluate_run(run_dir: str, run_cfg: FinetuneConfig, seed_base: int, episodes: int, with_base: bool) -> dict:
     """One run loaded as ``arli eval`` loads it: its finetuned residual (and, ``with_base``,
     the base alone) on ``episodes`` episodes from ``seed_base``, which must be its tune seeds."""
-    from arli.commands.eval import split_of  # noqa: PLC0415
-    from arli.runs import make_finetuner  # noqa: PLC0415
+    from arli.runs import make_finetuner, split_of  # noqa: PLC0415
 
     ft, name, delay = make_finetuner(run_cfg)
     ft.load(os.path.join(run_dir, "checkpoint"))

@@ -8,22 +8,7 @@ import json
 import os
 
 from arli.config import EvalConfig
-from arli.runs import load_run_config
-
-
-def split_of(spec, seed_base: int, episodes: int, train: range) -> str:
-    """Which seeds these are to the run: 'test' (within its test seeds), 'tune' (its curve's,
-    where its choices were made), 'train' (its demonstration and training episodes), else
-    'other' (seeds the run never saw)."""
-    asked = range(seed_base, seed_base + episodes)
-
-    def meets(r: range) -> bool:
-        return asked.start < r.stop and r.start < asked.stop
-
-    test = spec.test_range()
-    if test.start <= asked.start and asked.stop <= test.stop:
-        return "test"
-    return "tune" if meets(spec.tune_range()) else "train" if meets(train) else "other"
+from arli.runs import load_run_config, split_of
 
 
 def main(cfg: EvalConfig) -> int:
