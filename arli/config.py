@@ -602,8 +602,10 @@ class BenchSimConfig:
 class BenchRecordConfig:
     """``arli bench record``: save time per episode vs dataset size, open vs reopened dataset."""
 
-    episodes: int = 60  # synthetic episodes recorded with the recorder as it is
-    reopen_episodes: int = 60  # the same through a reopen after each episode (the former path); 0 = skip
+    episodes: int = 500  # synthetic episodes recorded with the recorder as it is (the report reads 10, 100, 500)
+    # the same through a reopen after each episode (the former path; its saves grow, so 500
+    # would take ~20 min); 0 = skip
+    reopen_episodes: int = 100
     frames: int = 50  # control steps per episode
     cameras: list[str] = field(default_factory=lambda: ["front", "wrist"])
     image_size: int = 64
@@ -623,8 +625,10 @@ class BenchRecordConfig:
 class BenchTransportConfig:
     """``arli bench transport``: our ZeroMQ path vs LeRobot's gRPC path, same stub."""
 
-    requests: int = 1000  # per row
-    rounds: int = 10  # the rows take turns in this many blocks
+    # per row: a p99 is the slowest 1%, so 3000 requests put 30 of them behind it (1000 put 10,
+    # and one slow spell moved the ratio 2x)
+    requests: int = 3000
+    rounds: int = 20  # the rows take turns in this many blocks (the ratios' bootstrap resamples them)
     warmup: int = 50
     compute_ms: float = 5.0
     stub_compute: str = "wait"  # wait (a GPU-bound model's host thread) | spin (a busy CPU core)
@@ -633,7 +637,8 @@ class BenchTransportConfig:
 
     def validate(self) -> None:
         require(self.requests >= 10, "requests", ">= 10", self.requests)
-        require(1 <= self.rounds <= self.requests, "rounds", "between 1 and requests", self.rounds)
+        require(1 <= self.rounds <= self.requests and self.requests % self.rounds == 0, "rounds",
+                "between 1 and requests, dividing requests (equal blocks)", self.rounds)
         require(self.warmup >= 0, "warmup", ">= 0", self.warmup)
         require(self.compute_ms >= 0, "compute_ms", ">= 0", self.compute_ms)
         require(self.stub_compute in ("wait", "spin"), "stub_compute", "wait or spin", self.stub_compute)

@@ -93,6 +93,10 @@ class Finetuner:
         self.successes: list[bool] = []  # every training episode (assisted or not)
         self.assisted: list[bool] = []  # whether the intervener acted in it
         self.episode_log: list[dict] = []  # per training episode: steps, intervened steps, success
+        # what happened before the first online step (prepare's record: the start guard's decision;
+        # the start's test outcomes when the command evaluates them), kept in every checkpoint
+        # so that a resumed run still reports its start
+        self.start_record: dict = {}
 
     @property
     def env_steps(self) -> int:
@@ -155,6 +159,7 @@ class Finetuner:
         out = {"anchor_transitions": transitions, "pretrain_loss": loss}
         if self.spec.start_guard and self.spec.learner.pretrain_updates > 0:
             out["start_guard"] = self.guard_start()
+        self.start_record.update(out)
         return out
 
     def guard_start(self) -> dict:
@@ -305,6 +310,7 @@ class Finetuner:
             "episode_log": self.episode_log,
             "takeovers": ctl.takeovers, "format": CHECKPOINT_FORMAT,
             "max_delay": self.max_delay,  # the residual's state and chunks are those of this delay
+            "start_record": self.start_record,
         }, state_path + ".tmp")
         save_file({k: v.detach().cpu().contiguous() for k, v in self.learner.actor.state_dict().items()},
                   os.path.join(path, "residual_actor.safetensors.tmp"))
@@ -336,4 +342,5 @@ class Finetuner:
         self.episode, self.history = state["episode"], state["history"]
         self.successes, self.assisted = state["successes"], state["assisted"]
         self.episode_log = state.get("episode_log", [])
+        self.start_record = state.get("start_record", {})  # {} in checkpoints from before it was kept
         ctl.nstep.begin_episode()  # saved at an episode boundary: nothing pending

@@ -26,8 +26,17 @@ def test_bench_record_reports_save_time_per_episode_for_both_paths(tmp_path):
         seconds = report["paths"][kind]["seconds"]
         assert len(seconds) == n and all(s > 0 for s in seconds)
         assert report["paths"][kind]["episodes"] == n
-    assert "| one open dataset (now) | 4 |" in (tmp_path / "record.md").read_text()
+        assert report["paths"][kind]["at_episodes_s"] == {}  # no mark (10, 100, 500) reached
+    assert "| one open dataset (now) | 4 | not run | not run | not run |" in (tmp_path / "record.md").read_text()
     assert (tmp_path / "record.png").stat().st_size > 1000
+
+
+def test_save_time_at_a_mark_is_the_median_of_the_saves_that_reached_it():
+    from arli.bench.record import at_marks
+
+    seconds = [1.0] * 9 + [9.0] + [2.0] * 90  # seconds[i] saved episode i + 1; one slow save at 10
+    at = at_marks(seconds, (10, 100, 500))
+    assert at == {"10": 1.0, "100": 2.0}  # the median ignores the one slow save; 500 not reached
 
 
 def test_bench_record_refuses_a_frame_size_the_encoder_cannot_take(tmp_path):

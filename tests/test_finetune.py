@@ -46,6 +46,8 @@ def test_checkpoint_resume_continues_identically(tmp_path):
     b = _finetuner()
     b.load(str(tmp_path / "ckpt"))
     assert (b.env_steps, b.learner.updates) == (saved_steps, saved_updates)
+    # what happened before the first online step travels with the checkpoint (the guard's decision)
+    assert "start_guard" in a.start_record and b.start_record == a.start_record
     assert saved_steps >= 150 and saved_updates > 0
     b.train(400, progress=False)
     assert a.env_steps == b.env_steps

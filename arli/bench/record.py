@@ -93,14 +93,26 @@ def read_back(root: Path, episodes: int, frames: int, cameras: list[str], size: 
             raise RuntimeError(f"{root}: camera {name} decodes as {tuple(last[f'observation.images.{name}'].shape)}")
 
 
+MARKS = (10, 100, 500)  # dataset sizes the report reads the save time at
+MARK_WINDOW = 10  # saves whose median is the time at a mark: one save is too noisy on a shared VM
+
+
+def at_marks(seconds: list[float], marks: tuple[int, ...] = MARKS) -> dict[str, float]:
+    """{str(m): median seconds of the saves that made the dataset m - MARK_WINDOW + 1 .. m
+    episodes long} for each mark the run reached (``seconds[i]`` saved episode i + 1)."""
+    return {str(m): round(float(np.median(seconds[max(0, m - MARK_WINDOW):m])), 4)
+            for m in marks if m <= len(seconds)}
+
+
 def growth(seconds: list[float]) -> dict:
-    """Least-squares slope (ms per 100 episodes already saved) and first / last tenth means."""
+    """Least-squares slope (ms per 100 episodes already saved), first / last tenth means and
+    the time at each of ``MARKS`` reached."""
     n = len(seconds)
     k = max(1, n // 10)
     slope = float(np.polyfit(np.arange(n), seconds, 1)[0]) if n > 1 else 0.0
     return {"episodes": n, "mean_s": round(float(np.mean(seconds)), 4),
             "first_tenth_s": round(float(np.mean(seconds[:k])), 4),
-            "last_tenth_s": round(float(np.mean(seconds[-k:])), 4),
+            "last_tenth_s": round(float(np.mean(seconds[-k:])), 4), "at_episodes_s": at_marks(seconds),
             "slope_ms_per_100_episodes": round(1e5 * slope, 1), "seconds": [round(s, 4) for s in seconds]}
 
 
@@ -124,12 +136,15 @@ def main(cfg: BenchRecordConfig) -> int:
           f"Each episode: {cfg.frames} frames, state ({PROPRIO_DIM + ENV_STATE_DIM},), action "
           f"({len(ACTION_NAMES)},), {len(cfg.cameras)} cameras ({cams}) as {cfg.image_size} x {cfg.image_size} "
           "AV1 video. Save = `EpisodeRecorder.save_episode`: encode, write, commit (crash-safe).", "",
-          "| commit path | episodes | first tenth (s) | last tenth (s) | slope (ms / 100 episodes) |",
-          "|---|---:|---:|---:|---:|"]
+          "| commit path | episodes | " + " | ".join(f"at {m} (s)" for m in MARKS)
+          + " | slope (ms / 100 episodes) |", "|---|---:|" + "---:|" * len(MARKS) + "---:|"]
     for kind, g in stats.items():
-        md.append(f"| {label[kind]} | {g['episodes']} | {g['first_tenth_s']:.3f} | {g['last_tenth_s']:.3f} | "
-                  f"{g['slope_ms_per_100_episodes']:.0f} |")
-    md += ["", "Both datasets read back with LeRobot's `LeRobotDataset` (every episode and frame, each "
+        at = g["at_episodes_s"]
+        md.append(f"| {label[kind]} | {g['episodes']} | "
+                  + " | ".join(f"{at[str(m)]:.3f}" if str(m) in at else "not run" for m in MARKS)
+                  + f" | {g['slope_ms_per_100_episodes']:.0f} |")
+    md += ["", f"At m: the median of the {MARK_WINDOW} saves that brought the dataset to m - {MARK_WINDOW - 1} .. m "
+           "episodes. Both datasets read back with LeRobot's `LeRobotDataset` (every episode and frame, each "
            "camera decoded). The reopen path shares the new constant-size journal, so its extra cost "
            "is the reload alone.", "", "![save time](record.png)", "", f"Machine: {machine_info()}", ""]
     os.makedirs(cfg.report_dir, exist_ok=True)
@@ -143,6 +158,7 @@ def main(cfg: BenchRecordConfig) -> int:
         ax.legend()
     payload = {"command": command, "frames": cfg.frames, "cameras": list(cfg.cameras),
                "image_size": cfg.image_size, "paths": stats, "machine": machine_info()}
-    summary = {k: {"first_tenth_s": g["first_tenth_s"], "last_tenth_s": g["last_tenth_s"],
+    summary = {k: {"at_episodes_s": g["at_episodes_s"], "first_tenth_s": g["first_tenth_s"],
+                   "last_tenth_s": g["last_tenth_s"],
                    "slope_ms_per_100_episodes": g["slope_ms_per_100_episodes"]} for k, g in stats.items()}
     return publish(cfg.report_dir, "record", payload, md, slice(0, None), summary if cfg.json else None)

@@ -115,10 +115,17 @@ def main(cfg: FinetuneConfig) -> int:
             print(f"start guard ({guard['episodes']} tune episodes): anchored start {guard['start']:.2f}, base "
                   f"{guard['base']:.2f} -> " + ("start dropped: RL starts from the base (zero residual)"
                                                 if guard["reverted"] else "RL starts from the anchored start"))
-    anchor_eval = curve_start = None
+    anchor_eval = ft.start_record.get("start_test")  # a resumed run's, from its checkpoint
+    if anchor_eval is not None and (anchor_eval["seed_base"], anchor_eval["episodes"]) != (spec.test_seed,
+                                                                                          spec.test_episodes):
+        print(f"the start was evaluated on {anchor_eval['episodes']} test episodes from seed "
+              f"{anchor_eval['seed_base']}, not this run's; the summary leaves the start out")
+        anchor_eval = None
     if not cfg.resume:  # the RL run's starting point: anchor-pretrained residual, no online step
         print(f"evaluating the anchor-pretrained start ({spec.test_episodes} test episodes)")
         anchor_eval = ft.evaluate_test()
+        ft.start_record["start_test"] = {"seed_base": spec.test_seed, "episodes": spec.test_episodes,
+                                         "success": anchor_eval["success"], "outcomes": anchor_eval["outcomes"]}
         # the curve's own start, on the tune seeds like every curve point
         curve_start = ft.evaluate(spec.eval_episodes, diagnostics=True)
         ft.history.insert(0, {"env_steps": 0, "success": curve_start["success"], "episodes": 0, "updates": 0,
@@ -153,7 +160,7 @@ def main(cfg: FinetuneConfig) -> int:
     summary = {
         "env": name, "variant": spec.variant, "regime": spec.regime, "strategy": cfg.chunking.strategy,
         "delay_steps": delay, "anchor_only_success": start_success,
-        "start_guard": None if cfg.resume else prep.get("start_guard"),
+        "start_guard": ft.start_record.get("start_guard"),
         "env_steps": ft.env_steps, "updates": ft.learner.updates,
         # anchor replay = anchor episodes + online intervention steps
         "anchor_transitions": len(ft.anchor), "intervened_steps": ft.controller.intervened_steps,

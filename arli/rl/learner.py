@@ -167,9 +167,9 @@ class ResidualLearner:
                                   "lower run.learner.critic_lr or run.learner.tau")
         self.critic_opt.zero_grad()
         critic_loss.backward()
-        self._clip(self.critic_flat)
+        grad_norm = self._clip(self.critic_flat, diagnostics)
         if diagnostics:
-            stats["critic_grad_norm"] = self.critic_flat.grad_norm()
+            stats["critic_grad_norm"] = grad_norm
             err = td.detach().abs().mean(0)
             for code, name in enumerate(SOURCES):
                 rows = b["source"] == code
@@ -214,11 +214,11 @@ class ResidualLearner:
             raise LearnerDiverged(f"actor loss is not finite at update {self.updates}")
         self.actor_opt.zero_grad()
         loss.backward()
-        self._clip(self.actor_flat)
+        grad_norm = self._clip(self.actor_flat, diagnostics)
         stats = {"actor_loss": loss.item(), "anchor_bc": bc.item(),
                  "anchor_kept": (weight.sum() / b["is_anchor"].sum().clamp(min=1)).item()}
         if diagnostics:
-            stats["actor_grad_norm"] = self.actor_flat.grad_norm()
+            stats["actor_grad_norm"] = grad_norm
             stats["residual_abs"] = (cfg.residual_scale * r.detach()).abs().mean().item()
             if q_pi is not None:
                 stats["q_pi"] = q_pi.detach().mean().item()
@@ -276,11 +276,14 @@ class ResidualLearner:
         done = max(0, self.updates - cfg.critic_warmup_updates) / cfg.anchor_decay_updates
         return cfg.anchor_weight * max(0.0, 1.0 - done)
 
-    def _clip(self, params: FlatParameters) -> None:
-        """Scales the flat gradient to norm ``grad_clip`` when above it (0 = off)."""
-        if self.cfg.grad_clip > 0:
-            norm = torch.linalg.vector_norm(params.grad)
-            params.grad.mul_((self.cfg.grad_clip / (norm + 1e-6)).clamp(max=1.0))
+    def _clip(self, params: FlatParameters, diagnostics: bool) -> float | None:
+        """Scales the flat gradient to norm ``grad_clip`` when above it (0 = off). Returns the
+        norm *before* clipping when ``diagnostics`` (what says whether the clip is active)."""
+        if self.cfg.grad_clip <= 0:
+            return params.grad_norm() if diagnostics else None
+        norm = torch.linalg.vector_norm(params.grad)
+        params.grad.mul_((self.cfg.grad_clip / (norm + 1e-6)).clamp(max=1.0))
+        return norm.item() if diagnostics else None
 
     def _start_term(self, state: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
         """Trust region: start_weight * mean_B ||r - r_start(s)||^2 for states (B, D) and the
@@ -304,10 +307,10 @@ class ResidualLearner:
             raise LearnerDiverged(f"actor loss is not finite at update {self.updates}")
         self.actor_opt.zero_grad()
         loss.backward()
-        self._clip(self.actor_flat)
+        grad_norm = self._clip(self.actor_flat, diagnostics)
         stats["actor_loss"] = loss.item()
         if diagnostics:
-            stats["actor_grad_norm"] = self.actor_flat.grad_norm()
+            stats["actor_grad_norm"] = grad_norm
             stats["residual_abs"] = (self.cfg.residual_scale * r.detach()).abs().mean().item()
         self.actor_opt.step()
         return stats

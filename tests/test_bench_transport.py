@@ -1,0 +1,36 @@
+"""``arli bench transport``'s ratio intervals: a paired block bootstrap over the rounds the
+rows took turns in, and the config refusing blocks of unequal size."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+
+from arli.bench.transport import ratio_ci
+from process_utils import ROOT
+
+
+def test_a_ratio_that_holds_in_every_round_has_a_point_interval():
+    den = np.random.default_rng(0).gamma(2.0, 0.1, 20 * 50)
+    lo, hi = ratio_ci(2 * den, den, 99, rounds=20)
+    assert abs(lo - 2) < 1e-9 and abs(hi - 2) < 1e-9  # same rounds drawn for both rows
+
+
+def test_one_slow_round_of_one_row_widens_the_p99_interval_but_not_the_p50_one():
+    rng = np.random.default_rng(1)
+    den = rng.gamma(2.0, 0.1, 20 * 50)
+    num = den.copy()
+    num[:5] += 5.0  # a slow spell: 5 requests of round 0 only, in the numerator's row
+    lo99, hi99 = ratio_ci(num, den, 99, rounds=20)
+    lo50, hi50 = ratio_ci(num, den, 50, rounds=20)
+    assert lo99 < 1.5 < hi99  # resamples without round 0 see no spell, with it twice see a big one
+    assert hi50 - lo50 < 0.1 and lo50 <= 1.0 <= hi50 + 1e-9
+
+
+def test_rounds_that_do_not_divide_the_requests_are_refused_in_one_line(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "arli.cli", "bench", "transport", "requests=100", "rounds=7",
+                          f"report_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "rounds: expected between 1 and requests, dividing requests" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "transport.json").exists()
