@@ -11,6 +11,7 @@ entries are proprioception (``PROPRIO_NAMES``); the task appends its object stat
 from __future__ import annotations
 
 import abc
+import logging
 import time
 from typing import Any, Sequence
 
@@ -25,6 +26,10 @@ ACTION_NAMES = ("dx", "dy", "dz", "dyaw", "grip")
 PROPRIO_NAMES = ("ee_x", "ee_y", "ee_z", "ee_yaw_sin", "ee_yaw_cos", "gripper_width",
                  "ee_vx", "ee_vy", "ee_vz")
 PROPRIO_DIM = len(PROPRIO_NAMES)
+# the checks after which MuJoCo resets mjData (mj_checkPos / mj_checkVel / mj_checkAcc)
+RESET_WARNINGS = tuple(int(w) for w in (mujoco.mjtWarning.mjWARN_BADQPOS, mujoco.mjtWarning.mjWARN_BADQVEL,
+                                        mujoco.mjtWarning.mjWARN_BADQACC))
+log = logging.getLogger(__name__)
 
 
 def validate_action(action: Any, dim: int = ACTION_DIM) -> np.ndarray:
@@ -98,6 +103,9 @@ class FrankaTaskEnv(gym.Env, abc.ABC):
         self.observation_space = gym.spaces.Dict(spaces)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
         self.elapsed_steps = 0
+        # control steps in which MuJoCo found NaN/inf accelerations and reset the physics to the
+        # model's default state: that episode ends there, truncated and unsuccessful
+        self.unstable_steps = 0
 
     # -- subclass hooks ----------------------------------------------------------------
     @abc.abstractmethod
@@ -138,7 +146,12 @@ class FrankaTaskEnv(gym.Env, abc.ABC):
     def step(self, action):
         act = validate_action(action)
         self.ctrl.apply(act[:3], float(act[3]), float(act[4]))
+        warned, t_before = self._reset_warnings(), self.data.time
         mujoco.mj_step(self.model, self.data, nstep=self.substeps)
+        # MuJoCo resets mjData when a position, velocity or acceleration is NaN/inf (or huge)
+        # and carries on: the objects jump to their default poses, so the rest of such an
+        # episode would be a different task
+        unstable = self._reset_warnings() > warned or self.data.time < t_before
         # mj_step leaves positions integrated past the last kinematics pass; refresh them
         # so observations, IK and success checks see the same state.
         mujoco.mj_kinematics(self.model, self.data)
@@ -148,10 +161,18 @@ class FrankaTaskEnv(gym.Env, abc.ABC):
             mujoco.mj_camlight(self.model, self.data)
         self.elapsed_steps += 1
         self._after_physics()
-        success = self._is_success()
-        truncated = self.elapsed_steps >= self.max_episode_steps
-        info = {"is_success": success}
+        success = not unstable and self._is_success()
+        truncated = unstable or self.elapsed_steps >= self.max_episode_steps
+        if unstable:
+            self.unstable_steps += 1
+            log.warning("MuJoCo reset an unstable simulation (NaN/inf/huge state) at control step %d: the "
+                        "episode ends here, unsuccessful", self.elapsed_steps)
+        info = {"is_success": success, "sim_unstable": unstable}
         return self._observation(), float(success), success, truncated and not success, info
+
+    def _reset_warnings(self) -> int:
+        """How many times this episode's physics has been reset for an unstable state."""
+        return sum(int(self.data.warning[w].number) for w in RESET_WARNINGS)
 
     def render(self) -> np.ndarray:
         return self._render_image(max(self.image_size, 128))

@@ -115,6 +115,7 @@ def test_finetune_entry_point_writes_a_consistent_run(tmp_path):
         assert lo <= summary[key] <= hi
     assert set(report["gains"]) == {"final-start", "final-base", "start-base"}
     assert summary["env_steps_per_s"] > 0 and summary["updates_per_s"] > 0
+    assert summary["sim_unstable_episodes"] == 0  # a stable run says so (the env test provokes one)
     # where the training time went: every part measured, none negative, the loop's rest included
     parts = summary["train_time_s"]
     assert set(parts) == {"physics", "base_inference", "residual_acting", "loop_other", "learner_updates",

@@ -410,6 +410,14 @@ def test_select_update_and_value_gating_follow_the_critic():
     assert np.all(q_gated >= q_pi - 1e-6)
     # ... and lands nearer the true optimum C than the base action (0) does
     assert np.linalg.norm(gated - C, axis=-1).mean() < 0.7 * np.linalg.norm(C)
+    # a critic that has had no update does not choose, even with no warm-up: pi(s) acts (what
+    # the start guard evaluates before RL starts)
+    fresh = _toy_learner(gate_candidates=16, gate_std=0.5, exploration_std=0.0, residual_scale=1.0,
+                         critic_warmup_updates=0)
+    executed = np.stack([fresh.act(s, np.zeros(M, np.float32), explore=False) for s in s1[:20]])
+    with torch.no_grad():
+        own = fresh.actor(torch.as_tensor(np.asarray(s1[:20]), dtype=torch.float32)).clamp(-1, 1).numpy()
+    np.testing.assert_allclose(executed, own, atol=1e-6)
 
 
 def _executed_at_s1(learner):

@@ -118,3 +118,18 @@ def test_peg_insert_success_requires_the_hole():
     q[adr:adr + 3] = (hole[0] + 0.03, hole[1], 0.041)  # same height, beside the hole
     mujoco.mj_forward(env.model, env.data)
     assert not env.unwrapped._is_success()
+
+
+def test_an_unstable_simulation_ends_the_episode_unsuccessful_not_silently_reset():
+    """MuJoCo resets mjData on a NaN/inf acceleration and carries on (objects back at their
+    default poses); the env ends that episode there, truncated and unsuccessful, and counts it."""
+    env = make_env("peg_insert")
+    env.reset(seed=0)
+    _, _, terminated, truncated, info = env.step(np.zeros(5, np.float32))
+    assert not info["sim_unstable"] and not truncated and env.unwrapped.unstable_steps == 0
+    env.unwrapped.data.qvel[:] = 1e200  # accelerations overflow in the next step
+    _, reward, terminated, truncated, info = env.step(np.zeros(5, np.float32))
+    assert info["sim_unstable"] and truncated and not terminated and reward == 0.0 and not info["is_success"]
+    assert env.unwrapped.unstable_steps == 1
+    env.reset(seed=1)  # a fresh episode steps normally again
+    assert not env.step(np.zeros(5, np.float32))[4]["sim_unstable"]

@@ -173,6 +173,8 @@ def main(cfg: FinetuneConfig) -> int:
         "env_steps_per_s": round((ft.env_steps - steps_before) / max(train_s, 1e-9), 1),
         "updates_per_s": round((ft.learner.updates - updates_before) / max(train_s, 1e-9), 1),
         "train_time_s": ft.time_breakdown(),
+        # episodes (training and evaluation) that MuJoCo's instability reset ended early
+        "sim_unstable_episodes": int(getattr(ft.env.unwrapped, "unstable_steps", 0)),
         "history": ft.history, "episodes": ft.episode_log,
         "wall_s": round(time.time() - start, 1), "run_dir": run_dir,
     }

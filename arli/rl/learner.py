@@ -125,7 +125,8 @@ class ResidualLearner:
         cfg = self.cfg
         s = torch.as_tensor(state, dtype=torch.float32, device=self.device)[None]
         r = self.actor(s)
-        if cfg.gate_candidates > 1 and self.updates >= cfg.critic_warmup_updates:
+        # an untrained critic (no update yet, even with no warm-up) does not choose: pi(s) acts
+        if cfg.gate_candidates > 1 and self.updates >= max(1, cfg.critic_warmup_updates):
             r = self.best_candidate(s, torch.as_tensor(base, dtype=torch.float32, device=self.device)[None],
                                     self.candidates(r, cfg.gate_candidates, cfg.gate_std))
         if explore:
