@@ -99,6 +99,12 @@ class Finetuner:
         self.start_record: dict = {}
 
     @property
+    def unstable_episodes(self) -> int | None:
+        """Episodes of this run (resumes included: the count is checkpointed) that the
+        simulator's reset of an unstable state ended early; None for an env that does not say."""
+        return getattr(self.env.unwrapped, "unstable_steps", None)
+
+    @property
     def env_steps(self) -> int:
         """Online environment steps so far (demonstrations are not counted)."""
         return self.trainer.env_steps
@@ -311,6 +317,7 @@ class Finetuner:
             "takeovers": ctl.takeovers, "format": CHECKPOINT_FORMAT,
             "max_delay": self.max_delay,  # the residual's state and chunks are those of this delay
             "start_record": self.start_record,
+            "unstable_episodes": self.unstable_episodes,
         }, state_path + ".tmp")
         save_file({k: v.detach().cpu().contiguous() for k, v in self.learner.actor.state_dict().items()},
                   os.path.join(path, "residual_actor.safetensors.tmp"))
@@ -343,4 +350,6 @@ class Finetuner:
         self.successes, self.assisted = state["successes"], state["assisted"]
         self.episode_log = state.get("episode_log", [])
         self.start_record = state.get("start_record", {})  # {} in checkpoints from before it was kept
+        if state.get("unstable_episodes") is not None and self.unstable_episodes is not None:
+            self.env.unwrapped.unstable_steps = state["unstable_episodes"]
         ctl.nstep.begin_episode()  # saved at an episode boundary: nothing pending

@@ -79,6 +79,7 @@ def evaluate_policy(
         "mean_steps": float(np.mean([r.steps for r in results])),
         "mean_delay_steps": float(np.mean([np.mean(r.delays) for r in results])),
         "starved_steps": int(sum(r.starved_steps for r in results)),
+        "sim_unstable_episodes": int(sum(r.sim_unstable for r in results)),  # counted as failures
     }
 
 

@@ -103,8 +103,9 @@ class FrankaTaskEnv(gym.Env, abc.ABC):
         self.observation_space = gym.spaces.Dict(spaces)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
         self.elapsed_steps = 0
-        # control steps in which MuJoCo found NaN/inf accelerations and reset the physics to the
-        # model's default state: that episode ends there, truncated and unsuccessful
+        # control steps in which MuJoCo found a NaN/inf/huge position, velocity or acceleration
+        # and reset the physics to the model's default state: that episode ends there,
+        # truncated and unsuccessful
         self.unstable_steps = 0
 
     # -- subclass hooks ----------------------------------------------------------------
@@ -146,12 +147,15 @@ class FrankaTaskEnv(gym.Env, abc.ABC):
     def step(self, action):
         act = validate_action(action)
         self.ctrl.apply(act[:3], float(act[3]), float(act[4]))
-        warned, t_before = self._reset_warnings(), self.data.time
-        mujoco.mj_step(self.model, self.data, nstep=self.substeps)
         # MuJoCo resets mjData when a position, velocity or acceleration is NaN/inf (or huge)
         # and carries on: the objects jump to their default poses, so the rest of such an
-        # episode would be a different task
-        unstable = self._reset_warnings() > warned or self.data.time < t_before
+        # episode would be a different task. A reset zeroes every warning counter and then
+        # sets its own to 1, so counts are not monotonic: zeroed here, any count after the
+        # step means at least one reset in it
+        for w in RESET_WARNINGS:
+            self.data.warning[w].number = 0
+        mujoco.mj_step(self.model, self.data, nstep=self.substeps)
+        unstable = any(self.data.warning[w].number > 0 for w in RESET_WARNINGS)
         # mj_step leaves positions integrated past the last kinematics pass; refresh them
         # so observations, IK and success checks see the same state.
         mujoco.mj_kinematics(self.model, self.data)
@@ -169,10 +173,6 @@ class FrankaTaskEnv(gym.Env, abc.ABC):
                         "episode ends here, unsuccessful", self.elapsed_steps)
         info = {"is_success": success, "sim_unstable": unstable}
         return self._observation(), float(success), success, truncated and not success, info
-
-    def _reset_warnings(self) -> int:
-        """How many times this episode's physics has been reset for an unstable state."""
-        return sum(int(self.data.warning[w].number) for w in RESET_WARNINGS)
 
     def render(self) -> np.ndarray:
         return self._render_image(max(self.image_size, 128))

@@ -265,8 +265,8 @@ def main(cfg: BenchTransportConfig) -> int:
     result["ours_over_floor_p50"] = result["ours_p50_ms"] / result["floor_p50_ms"]
     result["ours_over_floor_p99"] = result["ours_p99_ms"] / result["floor_p99_ms"]
     result["ratio_p50"] = result["lerobot_p50_ms"] / result["ours_p50_ms"]
-    # how far the VM's tail moves a ratio between rounds: the p99 of 1000 requests is their 10
-    # slowest, so one slow spell can move it by 2x either way (three_cameras in earlier runs)
+    # how far the VM's tail moves a ratio between rounds: a p99 is set by the slowest 1% of the
+    # requests, so one slow spell can move it by 2x either way (three_cameras in earlier runs)
     result["ci95"] = {"ours_over_floor_p50": ratio_ci(rows["ours"], rows["floor"], 50, cfg.rounds),
                       "ours_over_floor_p99": ratio_ci(rows["ours"], rows["floor"], 99, cfg.rounds),
                       "ratio_p50": ratio_ci(rows["lerobot"], rows["ours"], 50, cfg.rounds)}

@@ -115,6 +115,7 @@ def main(cfg: FinetuneConfig) -> int:
             print(f"start guard ({guard['episodes']} tune episodes): anchored start {guard['start']:.2f}, base "
                   f"{guard['base']:.2f} -> " + ("start dropped: RL starts from the base (zero residual)"
                                                 if guard["reverted"] else "RL starts from the anchored start"))
+    curve_start = None
     anchor_eval = ft.start_record.get("start_test")  # a resumed run's, from its checkpoint
     if anchor_eval is not None and (anchor_eval["seed_base"], anchor_eval["episodes"]) != (spec.test_seed,
                                                                                           spec.test_episodes):
@@ -125,7 +126,8 @@ def main(cfg: FinetuneConfig) -> int:
         print(f"evaluating the anchor-pretrained start ({spec.test_episodes} test episodes)")
         anchor_eval = ft.evaluate_test()
         ft.start_record["start_test"] = {"seed_base": spec.test_seed, "episodes": spec.test_episodes,
-                                         "success": anchor_eval["success"], "outcomes": anchor_eval["outcomes"]}
+                                         "success": anchor_eval["success"], "outcomes": anchor_eval["outcomes"],
+                                         "sim_unstable_episodes": anchor_eval["sim_unstable_episodes"]}
         # the curve's own start, on the tune seeds like every curve point
         curve_start = ft.evaluate(spec.eval_episodes, diagnostics=True)
         ft.history.insert(0, {"env_steps": 0, "success": curve_start["success"], "episodes": 0, "updates": 0,
@@ -173,8 +175,11 @@ def main(cfg: FinetuneConfig) -> int:
         "env_steps_per_s": round((ft.env_steps - steps_before) / max(train_s, 1e-9), 1),
         "updates_per_s": round((ft.learner.updates - updates_before) / max(train_s, 1e-9), 1),
         "train_time_s": ft.time_breakdown(),
-        # episodes (training and evaluation) that MuJoCo's instability reset ended early
-        "sim_unstable_episodes": int(getattr(ft.env.unwrapped, "unstable_steps", 0)),
+        # episodes MuJoCo's reset of an unstable state ended early (counted as failures): the
+        # test evaluations' own, and every episode of the run (training, guard, curve, test)
+        "sim_unstable_episodes": {"test_base": base_eval["sim_unstable_episodes"],
+                                  "test_start": (anchor_eval or {}).get("sim_unstable_episodes"),
+                                  "test_final": final["sim_unstable_episodes"], "run": ft.unstable_episodes},
         "history": ft.history, "episodes": ft.episode_log,
         "wall_s": round(time.time() - start, 1), "run_dir": run_dir,
     }
@@ -207,6 +212,9 @@ def main(cfg: FinetuneConfig) -> int:
     if curve_start is not None:
         points = ", ".join(f"{h['success']:.2f}" for h in ft.history[1:])
         print(f"learning curve ({spec.eval_episodes} tune episodes): {curve_start['success']:.2f} -> {points}")
+    if summary["sim_unstable_episodes"]["run"]:
+        print(f"note: {summary['sim_unstable_episodes']['run']} episodes ended early when MuJoCo reset an unstable "
+              "state (counted as failures; per evaluation in summary.json)")
     print(f"{summary['env_steps_per_s']} env steps/s, {summary['updates_per_s']} updates/s while training")
     print("training time (s): " + ", ".join(f"{k} {v:.1f}" for k, v in summary["train_time_s"].items()))
     print(f"\nwrote {run_dir}/ (checkpoint/, tb/, learning_curve.png, summary.json, eval_test.json"

@@ -41,6 +41,7 @@ class EpisodeResult:
     failed: int = 0  # requests the server answered with an error (re-requested at once)
     server_lost_steps: int = 0  # steps held because no inference server was reachable
     robot_fault: str = ""  # why the robot ended the episode early (connection lost, ...)
+    sim_unstable: bool = False  # the simulator reset an unstable state: the episode ended there
     request_log: list[dict] = field(default_factory=list)  # one entry per landed reply
 
 
@@ -102,6 +103,7 @@ class Episode:
             self.ctl.after_step(t, out.reward, out.terminated, out.truncated)
             self.obs, self.terminated, self.truncated = out.observation, out.terminated, out.truncated
             result.success = out.success
+            result.sim_unstable = bool(out.info.get("sim_unstable", False))
             self.t = t + 1
             self.done = out.terminated or out.truncated
             return True
