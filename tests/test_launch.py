@@ -57,6 +57,7 @@ def test_launch_two_actors_one_learner(tmp_path):
     # the final evaluation ran the 3 episodes asked for
     assert summary["eval"]["episodes"] == len(summary["outcomes"]) == 3
     assert summary["finetuned_success"] == sum(summary["outcomes"]) / 3
+    assert summary["sim_unstable_episodes"] == {"test_final": 0} and "start_guard" in summary
 
 
 @pytest.mark.slow

@@ -76,8 +76,12 @@ def learner_main(cfg: LearnerServiceConfig) -> int:
         print(f"arli learner: resumed {run_dir}/checkpoint at env step {service.env_steps}", flush=True)
     else:
         prep = ft.prepare()
+        guard = prep.get("start_guard")
         print(f"arli learner: {prep['anchor_transitions']} anchor transitions, pretrain loss "
-              f"{prep['pretrain_loss']:.4f}", flush=True)
+              f"{prep['pretrain_loss']:.4f}" + (f"; start guard: anchored start {guard['start']:.2f} vs base "
+                                               f"{guard['base']:.2f} on tune episodes"
+                                               + (" -> dropped, the base acts" if guard["reverted"] else "")
+                                               if guard else ""), flush=True)
         service.save()
     service.publish()
     last = [time.perf_counter()]
@@ -105,6 +109,9 @@ def learner_main(cfg: LearnerServiceConfig) -> int:
     final = ft.evaluate_test()
     summary = {"env": name, "variant": cfg.run.variant, "delay_steps": delay, "env_steps": service.env_steps,
                "updates": ft.learner.updates, "finetuned_success": final["success"],
+               "start_guard": ft.start_record.get("start_guard"),  # checkpointed: a resumed learner's too
+               # the test evaluation's (the actors' episodes run in their own processes)
+               "sim_unstable_episodes": {"test_final": final["sim_unstable_episodes"]},
                "eval": {"split": "test", "seed_base": cfg.run.test_seed, "episodes": cfg.run.test_episodes},
                "outcomes": final["outcomes"], "actors": sorted(service.applied),
                "episodes": service.episodes, "duplicates_ignored": service.duplicates,
