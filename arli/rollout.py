@@ -77,7 +77,9 @@ def evaluate_policy(
         "success": float(np.mean([r.success for r in results])), "episodes": len(results),
         "outcomes": [bool(r.success) for r in results],
         "mean_steps": float(np.mean([r.steps for r in results])),
-        "mean_delay_steps": float(np.mean([np.mean(r.delays) for r in results])),
+        # episodes that ended before any reply landed have no delay to average
+        "mean_delay_steps": float(np.mean([np.mean(r.delays) for r in results if r.delays]))
+        if any(r.delays for r in results) else float("nan"),
         "starved_steps": int(sum(r.starved_steps for r in results)),
         "sim_unstable_episodes": int(sum(r.sim_unstable for r in results)),  # counted as failures
     }
