@@ -195,6 +195,22 @@ def test_a_missing_cell_leaves_its_rules_not_evaluated():
     assert t4["holds"] is True and t4["values"]["target"] == 0.95 and t4["values"]["ceiling@4"] is None
 
 
+def test_a_partial_cell_is_shown_but_no_verdict_uses_it():
+    """An ablation run on one of the sweep's two seeds: reported with its seeds, flagged
+    incomplete, and its rule stays not evaluated (a verdict needs every training seed)."""
+    from arli.bench.latency_sweep import aggregate, ceiling_cells, verdicts
+
+    cfg = _cfg()
+    rows = [r for r in _rows(HOLDS) if not (r["variant"] == "arli_no_committed" and r["seed"] == 1)]
+    cells = aggregate(rows, cfg)
+    (partial,) = [c for c in cells if c["variant"] == "arli_no_committed"]
+    assert partial["seeds"] == [0] and partial["complete"] is False
+    assert all(c["complete"] for c in cells if c is not partial)
+    got = {c["claim"]: c for c in verdicts(cells, ceiling_cells(rows), list(cfg.delay_steps))}
+    assert got["arli_no_committed@8 < arli@8 (paired CI of arli_no_committed - arli below 0)"]["holds"] is None
+    assert got["arli_no_midobs@8 < arli@8 (paired CI of arli_no_midobs - arli below 0)"]["holds"] is True
+
+
 def test_a_lower_ceiling_lowers_the_target():
     claim = "arli@8 >= 0.90 (ceiling@8 - 0.03 where the ceiling is lower; mean, CI shown)"
     cells = {("arli", 8): (85, 80)}
@@ -339,7 +355,7 @@ def test_ideal_reference_reuses_standard_at_zero_delay():
     assert agg[(IDEAL, 0)]["success_mean"] == agg[("standard", 0)]["success_mean"] == 0.15
     assert agg[(IDEAL, 0)]["seeds"] == [0, 1]
     # without d = 0 in the sweep, standard_d0 runs itself and stands in for standard@0 in the verdicts
-    alone = compose("bench_latency_sweep", ["delay_steps=[4]", "variants=[arli,standard_d0]"])
+    alone = compose("bench_latency_sweep", ["seeds=[0,1]", "delay_steps=[4]", "variants=[arli,standard_d0]"])
     assert sorted({(v, d) for v, d, _ in plan(alone)}) == [("arli", 4), (IDEAL, 0)]
     got = _verdicts({("arli", 4): (90, 80), (IDEAL, 0): (92, 80)}, alone)
     assert got["arli@4 >= standard@0 - 0.03 (means, CIs shown)"]["holds"] is True

@@ -220,6 +220,8 @@ def aggregate(rows: list[dict], cfg: LatencySweepConfig) -> list[dict]:
             reached = [r["steps_to_80"] for r in group]
             cell = {
                 "variant": variant, "delay_steps": d, "seeds": [r["seed"] for r in group],
+                # every training seed of the sweep: only complete cells enter a verdict
+                "complete": {r["seed"] for r in group} == set(cfg.seeds),
                 "success_mean": _r(finals.mean()),
                 # 95% two-level bootstrap interval over training seeds and the shared test episodes
                 "ci95": _interval(success_ci(finals)),
@@ -287,8 +289,9 @@ def base_variant(strategy: str) -> str | None:
 def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], strategy: str = "naive") -> list[dict]:
     """The issue's expected results, each computed from the cells' intervals: ``holds`` is
     True / False, or None (not evaluated) when a cell it needs is missing. ``delays``: the
-    sweep's delays (the rules "at every delay" run at these and at 0, 4 and 8)."""
-    by = {(c["variant"], c["delay_steps"]): c for c in cells}
+    sweep's delays (the rules "at every delay" run at these and at 0, 4 and 8). A partial
+    cell (fewer training seeds than the sweep's) counts as missing: no verdict rests on it."""
+    by = {(c["variant"], c["delay_steps"]): c for c in cells if c.get("complete", True)}
     ceil = {c["delay_steps"]: c["success"] for c in ceiling}
     every = sorted({*TARGETS, *delays})
     out = []
@@ -571,7 +574,7 @@ def markdown(p: dict, cfg: LatencySweepConfig) -> str:
             "steps to 80% |\n|---|---:|---|---:|---:|---:|---:|\n")
     rows = []
     for c in sorted(p["cells"], key=lambda c: (cfg.variants.index(c["variant"]), c["delay_steps"])):
-        partial = " (partial)" if len(c["seeds"]) < len(cfg.seeds) else ""
+        partial = "" if c["complete"] else " (partial: no verdict uses it)"
         start = "—" if c["start_mean"] is None else f"{c['start_mean']:.3f}{_ci(c.get('start_ci95'))}"
         gain = "—" if c["gain_ci95"] is None else f"{c['gain_mean']:+.3f}{_ci(c['gain_ci95'], True)}"
         reached = "not reached" if c["steps_to_80"] is None else c["steps_to_80"]
