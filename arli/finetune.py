@@ -102,7 +102,7 @@ class Finetuner:
     def unstable_episodes(self) -> int | None:
         """Episodes of this run (resumes included: the count is checkpointed) that the
         simulator's reset of an unstable state ended early; None for an env that does not say."""
-        return getattr(self.env.unwrapped, "unstable_steps", None)
+        return getattr(self.env.unwrapped, "unstable_episodes", None)
 
     @property
     def env_steps(self) -> int:
@@ -351,5 +351,5 @@ class Finetuner:
         self.episode_log = state.get("episode_log", [])
         self.start_record = state.get("start_record", {})  # {} in checkpoints from before it was kept
         if state.get("unstable_episodes") is not None and self.unstable_episodes is not None:
-            self.env.unwrapped.unstable_steps = state["unstable_episodes"]
+            self.env.unwrapped.unstable_episodes = state["unstable_episodes"]
         ctl.nstep.begin_episode()  # saved at an episode boundary: nothing pending

@@ -103,10 +103,10 @@ class FrankaTaskEnv(gym.Env, abc.ABC):
         self.observation_space = gym.spaces.Dict(spaces)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
         self.elapsed_steps = 0
-        # control steps in which MuJoCo found a NaN/inf/huge position, velocity or acceleration
-        # and reset the physics to the model's default state: that episode ends there,
-        # truncated and unsuccessful
-        self.unstable_steps = 0
+        # episodes in which MuJoCo found a NaN/inf/huge position, velocity or acceleration and
+        # reset the physics to the model's default state: each ended at that step, truncated
+        # and unsuccessful
+        self.unstable_episodes = 0
 
     # -- subclass hooks ----------------------------------------------------------------
     @abc.abstractmethod
@@ -168,7 +168,7 @@ class FrankaTaskEnv(gym.Env, abc.ABC):
         success = not unstable and self._is_success()
         truncated = unstable or self.elapsed_steps >= self.max_episode_steps
         if unstable:
-            self.unstable_steps += 1
+            self.unstable_episodes += 1
             log.warning("MuJoCo reset an unstable simulation (NaN/inf/huge state) at control step %d: the "
                         "episode ends here, unsuccessful", self.elapsed_steps)
         info = {"is_success": success, "sim_unstable": unstable}

@@ -40,6 +40,7 @@ def test_checkpoint_resume_continues_identically(tmp_path):
     a.prepare()
     a.train(150, progress=False)
     saved_steps, saved_updates = a.env_steps, a.learner.updates
+    a.env.unwrapped.unstable_episodes = 2  # as if MuJoCo had reset two episodes so far
     a.save(str(tmp_path / "ckpt"))
     a.train(400, progress=False)
 
@@ -48,6 +49,7 @@ def test_checkpoint_resume_continues_identically(tmp_path):
     assert (b.env_steps, b.learner.updates) == (saved_steps, saved_updates)
     # what happened before the first online step travels with the checkpoint (the guard's decision)
     assert "start_guard" in a.start_record and b.start_record == a.start_record
+    assert b.unstable_episodes == 2  # the run's count of unstable episodes resumes with it
     assert saved_steps >= 150 and saved_updates > 0
     b.train(400, progress=False)
     assert a.env_steps == b.env_steps

@@ -136,6 +136,6 @@ def test_an_unstable_simulation_ends_the_episode_unsuccessful_not_silently_reset
         getattr(env.unwrapped.data, field)[:] = np.nan if field == "qpos" else 1e200
         _, reward, terminated, truncated, info = env.step(zero)
         assert info["sim_unstable"] and truncated and not terminated and reward == 0.0 and not info["is_success"]
-        assert env.unwrapped.unstable_steps == episode + 1
+        assert env.unwrapped.unstable_episodes == episode + 1
     env.reset(seed=5)  # a fresh episode steps normally again
     assert not any(env.step(zero)[4]["sim_unstable"] for _ in range(5))

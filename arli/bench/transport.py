@@ -173,7 +173,7 @@ def measure(cfg: BenchTransportConfig, scratch: str) -> dict[str, np.ndarray]:
             for i in range(cfg.warmup):
                 c.once(i)
         out: dict[str, list[float]] = {row: [] for row in ROWS}
-        per_round = -(-cfg.requests // cfg.rounds)
+        per_round = cfg.requests // cfg.rounds  # the config refuses rounds that do not divide requests
         with tqdm(total=per_round * cfg.rounds * len(ROWS), desc="round trips", unit="req", mininterval=1.0) as bar:
             for r in range(cfg.rounds):
                 for row, c in clients.items():
