@@ -16,7 +16,7 @@ from arli.augment import StateBuilder
 from arli.chunking import ChunkingConfig, delay_bounds, make_scheduler
 from arli.errors import InputError
 from arli.latency import LatencyModel
-from arli.rl.config import TRAIN_SEED_BASE, InterventionSpec, RunSpec, q_floor
+from arli.rl.config import InterventionSpec, RunSpec, q_floor, train_episode_seed, train_seed_ranges
 from arli.rl.learner import LearnerDiverged, ResidualLearner
 from arli.rl.replay import ReplayBuffer
 from arli.rl.trainer import Trainer
@@ -115,7 +115,7 @@ class Finetuner:
     def _episode(self, controller: ResidualController) -> Episode:
         """The next training episode of the runtime loop (its own seed), not yet stepped."""
         episode = sim_episode(self.env, self.base, self.scheduler, self.latency, self.rng,
-                              TRAIN_SEED_BASE + 1000 * self.spec.seed + self.episode, controller)
+                              train_episode_seed(self.spec.seed, self.episode), controller)
         self.episode += 1
         return episode
 
@@ -283,10 +283,9 @@ class Finetuner:
         """The deterministic residual as evaluations and videos run it."""
         return ResidualController(self.learner, self.builder, trace=trace)
 
-    def train_range(self) -> range:
+    def train_ranges(self) -> list[range]:
         """Episode seeds this run trained on (demonstrations and online episodes so far)."""
-        first = TRAIN_SEED_BASE + 1000 * self.spec.seed
-        return range(first, first + self.episode)
+        return train_seed_ranges(self.spec.seed, self.episode)
 
     def evaluate_test(self, residual: bool = True) -> dict:
         """The final numbers: ``spec.test_episodes`` episodes on the test seeds."""

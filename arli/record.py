@@ -11,7 +11,7 @@ the dataset unreadable. Here every episode is made durable on its own, in one op
   dataset is put where LeRobot's resume path would put it (the next episode goes to new
   data, episode-index and video files; no finished file is opened for writing again) from
   the one episode record that path reads, so nothing is read back and a save's cost does
-  not grow with the dataset (measured flat over 60 episodes: ``arli bench record``; each
+  not grow with the dataset (measured flat from 10 to 500 episodes: ``arli bench record``; each
   episode still adds its own data, index and video files);
 * a journal left behind (killed *during* a save) is rolled back on the next open
   (``repair_dataset``): the metadata is restored and the files the save created deleted.

@@ -21,10 +21,13 @@ def make_finetuner(cfg: FinetuneConfig, render: bool = False):
     """The run's Finetuner (base policy trained first if missing) -> (ft, task name, delay).
     ``render``: every observation carries ``cfg.env.cameras`` at ``cfg.env.image_size``
     (training itself runs on state only)."""
+    from arli.compute import resolve_device  # noqa: PLC0415
     from arli.finetune import Finetuner  # noqa: PLC0415
     from arli.policies.load import load_base_policy  # noqa: PLC0415
     from arli.pretrain import ensure_base_policy  # noqa: PLC0415 - torch
 
+    # first: a device that is not there fails before minutes of base pretraining
+    device = resolve_device(cfg.run.device, "run.device")
     name = task_name(cfg.env.name)
     if getattr(cfg, "robot", "sim") == "franka":  # only the learner service's config drives a robot
         return _real_robot_finetuner(cfg, name)
@@ -35,14 +38,16 @@ def make_finetuner(cfg: FinetuneConfig, render: bool = False):
     ensure_base_policy(cfg.checkpoint, cfg.pretrain, replace(cfg.env, image_size=0) if render else cfg.env)
     env = make_env(name, dt=cfg.env.dt, max_episode_steps=cfg.env.max_episode_steps,
                    **(cfg.env.render_kwargs() if render else {}))
+    # the base runs where the learner does (a VLA base's rollouts on the GPU with it)
     base = load_base_policy(cfg.checkpoint, env.unwrapped.instruction, name,
-                            cfg.pretrain.policy.chunk_size, state_dim=env.observation_space["state"].shape[0])
+                            cfg.pretrain.policy.chunk_size, state_dim=env.observation_space["state"].shape[0],
+                            device=device)
     latency = (FixedLatency(cfg.delay_steps * cfg.env.dt) if cfg.delay_steps is not None
                else latency_from_config(cfg.latency))
     delay = to_delay_steps(latency.max_latency(), cfg.env.dt)
     model = getattr(base, "model", None)  # built-in policy: reuse its state normalisation
-    mean = model.state_mean.numpy() if model is not None else None
-    std = model.state_std.numpy() if model is not None else None
+    mean = model.state_mean.cpu().numpy() if model is not None else None
+    std = model.state_std.cpu().numpy() if model is not None else None
     return Finetuner(cfg.run, env, base, EXPERTS.get(name), latency, mean, std, cfg.chunking), name, delay
 
 
@@ -103,10 +108,11 @@ def _real_robot_finetuner(cfg, name: str):
     return Finetuner(replace(cfg.run, start_guard=False), env, base, None, latency, chunking=cfg.chunking), name, delay
 
 
-def split_of(spec, seed_base: int, episodes: int, train: range) -> str:
-    """Which seeds these are to the run: 'test' (within its test seeds), 'tune' (its curve's,
-    where its choices were made), 'train' (its demonstration and training episodes), else
-    'other' (seeds the run never saw)."""
+def split_of(spec, seed_base: int, episodes: int, train: list[range]) -> str:
+    """Which seeds these are to the run: 'test' (within its test seeds), 'tune' (any of its
+    curve's, where its choices were made), 'train' (any of its demonstration and training
+    episodes), 'test+other' (some of its test seeds and seeds it never saw), else 'other'
+    (seeds the run never saw)."""
     asked = range(seed_base, seed_base + episodes)
 
     def meets(r: range) -> bool:
@@ -115,4 +121,8 @@ def split_of(spec, seed_base: int, episodes: int, train: range) -> str:
     test = spec.test_range()
     if test.start <= asked.start and asked.stop <= test.stop:
         return "test"
-    return "tune" if meets(spec.tune_range()) else "train" if meets(train) else "other"
+    if meets(spec.tune_range()):
+        return "tune"
+    if any(meets(r) for r in train):
+        return "train"
+    return "test+other" if meets(test) else "other"

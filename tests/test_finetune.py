@@ -135,9 +135,15 @@ def test_finetune_entry_point_writes_a_consistent_run(tmp_path):
     redo = json.loads((out / "eval_5000000_3.json").read_text())
     assert redo["split"]["split"] == "test" and redo["outcomes"]["final"] == report["outcomes"]["final"]
     assert redo["outcomes"]["base"] == report["outcomes"]["base"]
-    tune = subprocess.run([sys.executable, "-m", "arli.cli", "eval", f"run={out}", "seed_base=10000", "episodes=2"],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert tune.returncode == 0 and json.loads((out / "eval_10000_2.json").read_text())["split"]["split"] == "tune"
+    tune = subprocess.run([sys.executable, "-m", "arli.cli", "eval", f"run={out}", "seed_base=10000", "episodes=2",
+                           "videos=1"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert tune.returncode == 0, tune.stderr[-3000:]
+    tuned = json.loads((out / "eval_10000_2.json").read_text())
+    assert tuned["split"]["split"] == "tune"
+    # its video is of the seeds it evaluated, with their outcomes, and reaches the run's TensorBoard
+    assert [v["seed"] for v in tuned["videos"]] == [10_000]
+    assert tuned["videos"][0]["success"]["base + arli residual"] == bool(tuned["outcomes"]["final"][0])
     # the curve starts at the anchor-pretrained residual (step 0, no update), then 2 evaluations
     start, *points = summary["history"]
     assert start["env_steps"] == 0 and start["updates"] == 0
@@ -150,6 +156,7 @@ def test_finetune_entry_point_writes_a_consistent_run(tmp_path):
 
     tb = EventAccumulator(str(out / "tb"))
     tb.Reload()
+    assert {"rollouts/seed5000000", "rollouts/seed10000"} <= set(tb.Tags()["images"])
     tags = set(tb.Tags()["scalars"])
     assert {"eval/q_vs_return/q", "eval/q_vs_return/mc_return", "learner/critic_loss"} <= tags
     assert any(t.startswith("learner/td_abs/") for t in tags) and "learner/critic_grad_norm" in tags

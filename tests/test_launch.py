@@ -61,8 +61,9 @@ def test_launch_two_actors_one_learner(tmp_path):
 
 
 @pytest.mark.slow
-def test_launch_restarts_a_learner_killed_mid_run_and_it_resumes(tmp_path):
-    """A supervisor's job: kill -9 the learner; launch restarts it, it resumes from its
+def test_launch_restarts_a_server_and_a_learner_killed_mid_run_and_it_resumes(tmp_path):
+    """A supervisor's job: kill -9 the inference server, then the learner; launch restarts
+    each after its backoff, the actor holds and reconnects, the learner resumes from its
     checkpoint, the actors' spooled transitions land and the run finishes with rc 0."""
     import os
     import signal
@@ -78,23 +79,26 @@ def test_launch_restarts_a_learner_killed_mid_run_and_it_resumes(tmp_path):
                              "checkpoint=expert", "env_steps=1500", f"base_port={base_port}", f"output_dir={out}",
                              f"extra_learner={extra}"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
-        pid = None
+        pids = {}
         for line in proc.stdout:
-            if line.startswith("started learner (pid"):
-                pid = int(line.split("pid ")[1].split(")")[0])
+            if line.startswith("started "):
+                pids[line.split()[1]] = int(line.split("pid ")[1].split(")")[0])
+            if "learner" in pids and "serve" in pids:
                 break
-        assert pid is not None
         deadline = time.time() + 200
         while not (out / "learner" / "checkpoint" / "service.json").exists() and time.time() < deadline:
             time.sleep(0.5)
         time.sleep(2)  # some transitions applied and checkpointed
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pids["serve"], signal.SIGKILL)
+        time.sleep(1)
+        os.kill(pids["learner"], signal.SIGKILL)
         rest = proc.stdout.read()
         assert proc.wait(timeout=300) == 0, rest[-2000:]
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert "learner exited with -9; restarting it (1/3)" in rest
+    assert "serve exited with -9; restarting it in 1 s (1/3)" in rest
+    assert "learner exited with -9; restarting it in 1 s (1/3)" in rest
     assert "resumed" in (out / "learner.log").read_text()
     summary = json.loads((out / "learner" / "summary.json").read_text())
     assert summary["env_steps"] >= 1500

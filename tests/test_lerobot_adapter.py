@@ -55,7 +55,7 @@ def test_cameras_are_matched_by_name_to_the_checkpoint_features(tmp_path):
     # LeRobot's own key spelling is accepted too
     np.testing.assert_array_equal(chunk, adapter.infer(PolicyRequest.of(
         state, {f"observation.images.{k}": v for k, v in images.items()})))
-    with pytest.raises(ValueError, match=r"camera\(s\) \['wrist'\] missing: this policy needs \['front', 'wrist'\]"):
+    with pytest.raises(ValueError, match=r"camera\(s\) \['wrist'\] missing: this policy needs \{'front': \(32, 32, 3\), 'wrist': \(32, 32, 3\)\}"):
         adapter.infer(PolicyRequest.of(state, {"front": images["front"]}))
     with pytest.raises(ValueError, match=r"unexpected camera\(s\) \['top'\]"):
         adapter.infer(PolicyRequest.of(state, {**images, "top": images["front"]}))
@@ -177,3 +177,26 @@ def test_diffusion_history_is_consecutive_control_steps_not_requests(diffusion_d
     for k, queue in enumerate(seen[1:], start=1):
         t0 = 4 * k
         np.testing.assert_allclose(queue, np.stack([rec.states[t0 - 1], rec.states[t0]]), atol=1e-6)
+
+
+def test_actions_outside_the_action_space_are_reported_then_clipped(tmp_path, caplog):
+    """A checkpoint whose post-processed actions leave [-1, 1] (robot units) is clipped to the
+    runtime's action space, counted, and said so in a rate-limited warning; the committed
+    prefix still fills the first slots."""
+    from arli.policies.load import load_base_policy
+
+    _save_lerobot_policy("act", tmp_path, cameras={}, chunk_size=4, n_action_steps=4, dim_model=32, n_heads=2,
+                         dim_feedforward=32, n_encoder_layers=1, n_decoder_layers=1, n_vae_encoder_layers=1)
+    adapter = load_base_policy(str(tmp_path))
+    state = np.zeros(N, np.float32)
+    inside = adapter.infer(PolicyRequest.of(state))
+    assert adapter.clipped_chunks == 0 and np.abs(inside).max() <= 1
+    post = adapter.post
+    adapter.post = lambda chunk: post(chunk) * 0 + 3.0  # actions in robot units, far past 1
+    prefix = np.full((1, M), -0.5, np.float32)
+    with caplog.at_level("WARNING", logger="arli.policies"):
+        out = [adapter.infer(PolicyRequest(Observation(state, 0), committed_prefix=prefix)) for _ in range(5)]
+    assert adapter.clipped_chunks == 5
+    assert all(np.all(o[1:] == 1.0) and np.all(o[0] == -0.5) for o in out)
+    lines = [r.getMessage() for r in caplog.records if "outside the runtime's [-1, 1]" in r.getMessage()]
+    assert len(lines) == 1 and "|a| = 3.000" in lines[0]  # once per minute, not once per chunk

@@ -137,7 +137,7 @@ def test_the_flow_policy_reads_every_camera_by_name():
     assert not np.allclose(a, infer({**obs.images, "front": 255 - obs.images["front"]}))  # front is used
     # the cameras are told apart: swapping them changes the chunk
     assert not np.allclose(a, infer({"front": obs.images["wrist"], "wrist": obs.images["front"]}))
-    with pytest.raises(ValueError, match=r"camera 'wrist' missing: this policy needs \['front', 'wrist'\]"):
+    with pytest.raises(ValueError, match=r"camera 'wrist' missing: this policy needs \{'front': \(24, 24, 3\), 'wrist': \(24, 24, 3\)\}"):
         infer({"front": obs.images["front"]})
 
 
@@ -186,5 +186,29 @@ def test_a_flood_of_bad_requests_is_answered_but_logs_a_bounded_number_of_lines(
         logged = [r for r in caplog.records if "policy error" in r.getMessage()]
         assert len(logged) == server_module.WARNINGS_PER_WINDOW
         assert srv.stats["errors"] == 200 and srv.stats["warnings_suppressed"] == 200 - len(logged)
+    finally:
+        srv.close()
+
+
+def test_a_non_string_instruction_is_refused_by_the_schema_naming_the_request():
+    """The schema refuses an instruction that is not a string; the error reply carries the
+    request's id, so the robot gives that request up at once instead of at its timeout."""
+    import msgpack
+
+    from arli.transport import codec
+
+    srv = InferenceServer(RecordingPolicy(), "inproc://schema")
+    try:
+        obs = _obs(0)
+        fields = {"v": codec.PROTOCOL_VERSION, "kind": "infer", "request_id": 41, "t0": 0, "capture_ts": 0.0,
+                  "state": obs.state, "instruction": 7, "delay_steps": 2}
+        reply = codec.decode(srv.handle(msgpack.packb(fields, default=codec._default, use_bin_type=True)))
+        assert reply.kind == "error" and reply["code"] == "schema" and reply["request_id"] == 41
+        assert "'instruction' must be str, got int" in reply["message"]
+        unparseable = codec.decode(srv.handle(b"\xc1 not msgpack"))
+        assert unparseable["code"] == "malformed" and unparseable.get("request_id") is None
+        good = codec.encode_frames("infer", request_id=43, t0=0, capture_ts=0.0, state=obs.state, delay_steps=2,
+                                   images=dict(obs.images))
+        assert codec.decode(srv.handle(good)).kind == "chunk"  # and it keeps serving
     finally:
         srv.close()

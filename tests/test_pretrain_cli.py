@@ -80,7 +80,7 @@ def test_image_observations_flow_from_dataset_to_policy(tmp_path):
     policy.reset(0)
     b = policy.infer(PolicyRequest.of(obs["state"], {"front": 255 - obs["images"]["front"]}))
     assert a.shape == (8, 5) and not np.allclose(a, b)  # the image is actually used
-    with pytest.raises(ValueError, match=r"camera 'front' missing: this policy needs \['front'\], the observation has \[\]"):
+    with pytest.raises(ValueError, match=r"camera 'front' missing: this policy needs \{'front': \(32, 32, 3\)\} \(h, w, 3\) uint8, the observation has \[\]"):
         policy.infer(PolicyRequest.of(obs["state"]))
     with pytest.raises(ValueError, match=r"camera 'front' must be a \(32, 32, 3\) uint8 image"):
         policy.infer(PolicyRequest.of(obs["state"], {"front": np.zeros((24, 24, 3), np.uint8)}))

@@ -202,7 +202,22 @@ def test_eval_labels_the_seeds_by_what_the_run_did_with_them():
     from arli.rl.config import RunSpec
 
     spec = RunSpec(tune_seed=10_000, eval_episodes=30, test_seed=5_000_000, test_episodes=200)
-    train = range(100_000, 100_050)
+    train = [range(100_000, 100_050)]
     assert split_of(spec, 5_000_000, 200, train) == "test" == split_of(spec, 5_000_050, 20, train)
     assert split_of(spec, 10_010, 5, train) == "tune" and split_of(spec, 100_020, 10, train) == "train"
-    assert split_of(spec, 7_000_000, 50, train) == "other" and split_of(spec, 4_999_990, 20, train) == "other"
+    assert split_of(spec, 7_000_000, 50, train) == "other"
+    assert split_of(spec, 4_999_990, 20, train) == "test+other"  # partly the test seeds: not "never saw"
+    assert split_of(spec, 100_000_000 + 1_500, 10, [*train, range(100_001_000, 100_001_700)]) == "train"
+
+
+def test_long_runs_of_neighbouring_training_seeds_share_no_episode():
+    """A 200k-step run has ~1700 training episodes: seed k's later episodes get a block of their
+    own instead of running into seed k + 1's first ones; the first 1000 keep their seeds."""
+    from arli.rl.config import outside_training, train_episode_seed, train_seed_ranges
+
+    assert train_episode_seed(3, 0) == 103_000 and train_episode_seed(3, 999) == 103_999
+    seeds = {k: {train_episode_seed(k, i) for i in range(1_800)} for k in (0, 1, 2)}
+    assert not seeds[0] & seeds[1] and not seeds[1] & seeds[2] and all(len(s) == 1_800 for s in seeds.values())
+    assert set().union(*(set(r) for r in train_seed_ranges(1, 1_800))) == seeds[1]
+    assert all(not outside_training(range(s, s + 1)) for s in seeds[2])
+    assert outside_training(range(5_000_000, 5_000_200)) and outside_training(range(10_000, 10_030))

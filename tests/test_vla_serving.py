@@ -90,7 +90,7 @@ def test_smolvla_takes_two_cameras_and_the_instruction(smolvla_dir):
     _check_vla(adapter, "smolvla", 6)
     # no instruction in the request: the task given at load is the instruction
     np.testing.assert_array_equal(_chunk(adapter, ""), _chunk(adapter, DRAWER))
-    with pytest.raises(ValueError, match=r"camera\(s\) \['wrist'\] missing: this policy needs \['front', 'wrist'\]"):
+    with pytest.raises(ValueError, match=r"camera\(s\) \['wrist'\] missing: this policy needs \{'front': \(32, 32, 3\), 'wrist': \(24, 32, 3\)\}"):
         adapter.infer(PolicyRequest.of(STATE, {"front": images()["front"]}, PICK))
     with pytest.raises(ValueError, match=r"camera 'wrist' must be a \(24, 32, 3\) uint8 image"):
         adapter.infer(PolicyRequest.of(STATE, {**images(), "wrist": images()["front"]}, PICK))

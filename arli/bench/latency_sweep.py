@@ -199,6 +199,15 @@ def _interval(ci) -> list[float]:
     return [_r(ci[0]), _r(ci[1])]
 
 
+def _bits(outcomes) -> str:
+    """Per-episode outcomes as a string of 0 / 1, episode i of the test seeds at index i."""
+    return "".join("1" if x else "0" for x in outcomes)
+
+
+def _code_digest(sources: dict | None) -> str | None:
+    return None if not sources else hashlib.sha1(json.dumps(sources, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def aggregate(rows: list[dict], cfg: LatencySweepConfig) -> list[dict]:
     """One cell per (variant, delay) with rows: success over its seeds with the two-level
     bootstrap interval; for residual-RL cells the anchored start and the paired gain
@@ -207,6 +216,10 @@ def aggregate(rows: list[dict], cfg: LatencySweepConfig) -> list[dict]:
     if IDEAL in cfg.variants and _ideal_is_standard_d0(cfg):
         rows = [r for r in rows if r["variant"] != IDEAL]
         rows += [{**r, "variant": IDEAL} for r in rows if r["variant"] == "standard" and r["delay_steps"] == 0]
+    # the base alone in the residual's loop, per delay: a start with exactly its outcomes is the
+    # base (the start guard dropped an anchored start that was worse on the tune episodes)
+    base = base_variant(cfg.chunking.strategy)
+    base_rows = {r["delay_steps"]: list(r["outcomes"]) for r in rows if r["variant"] == base}
     out = []
     for variant in cfg.variants:
         if variant == CEILING:
@@ -231,11 +244,18 @@ def aggregate(rows: list[dict], cfg: LatencySweepConfig) -> list[dict]:
                 "steps_to_80": None if any(x is None for x in reached) else int(max(reached)),
                 "_outcomes": {r["seed"]: r["outcomes"] for r in group},
             }
+            # what was run, per training seed: every test episode's outcome, and the digest of
+            # the code files the cell ran (cells that ran the same code share it)
+            cell.update(outcomes_by_seed={str(r["seed"]): _bits(r["outcomes"]) for r in group},
+                        code_digests=sorted({_code_digest(r.get("sources")) for r in group}))
             if variant in RL_VARIANTS:
                 starts = np.array([r["start_outcomes"] for r in group], float)
                 cell.update(start_mean=_r(starts.mean()), gain_ci95=_interval(gain_ci(finals, starts)),
                             gain_mean=_r(finals.mean() - starts.mean()), start_ci95=_interval(success_ci(starts)),
                             start_per_seed=[_r(x) for x in starts.mean(1)],
+                            start_outcomes_by_seed={str(r["seed"]): _bits(r["start_outcomes"]) for r in group},
+                            start_is_base_seeds=[r["seed"] for r in group
+                                                 if base_rows.get(d) == list(r["start_outcomes"])],
                             _start_outcomes={r["seed"]: r["start_outcomes"] for r in group})
             out.append(cell)
     return out
@@ -286,9 +306,22 @@ def base_variant(strategy: str) -> str | None:
     return next((v for v, s in BASE_VARIANTS.items() if s == strategy), None)
 
 
+HOLDS, FAILS, UNRESOLVED, NOT_EVALUATED = "holds", "fails", "unresolved", "not evaluated"
+
+
+def at_least(ci: list[float], threshold: float) -> bool | None:
+    """The claim "quantity >= threshold" judged by the quantity's 95% interval: True when the
+    whole interval clears it, False when the whole interval is below it, None (unresolved)
+    when it straddles the threshold."""
+    lo, hi = ci
+    return True if lo >= threshold else (False if hi < threshold else None)
+
+
 def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], strategy: str = "naive") -> list[dict]:
-    """The issue's expected results, each computed from the cells' intervals: ``holds`` is
-    True / False, or None (not evaluated) when a cell it needs is missing. ``delays``: the
+    """The issue's expected results, each judged by an interval: ``status`` is ``holds`` (the
+    interval clears the claim), ``fails`` (the interval is entirely on the wrong side),
+    ``unresolved`` (it straddles the claim's threshold) or ``not evaluated`` (a cell it needs is
+    missing); ``holds`` is True only for ``holds`` (None when not evaluated). ``delays``: the
     sweep's delays (the rules "at every delay" run at these and at 0, 4 and 8). A partial
     cell (fewer training seeds than the sweep's) counts as missing: no verdict rests on it."""
     by = {(c["variant"], c["delay_steps"]): c for c in cells if c.get("complete", True)}
@@ -297,9 +330,14 @@ def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], strategy
     out = []
 
     def rule(claim: str, family: str, needs: list, check, values: dict) -> None:
-        """``check()`` runs only when every cell in ``needs`` exists."""
-        holds = None if any(n is None for n in needs) else bool(check())
-        out.append({"claim": claim, "family": family, "holds": holds, "values": values})
+        """``check()`` -> True / False / None (holds / fails / unresolved); it runs only when
+        every cell in ``needs`` exists."""
+        if any(n is None for n in needs):
+            status = NOT_EVALUATED
+        else:
+            status = {True: HOLDS, False: FAILS, None: UNRESOLVED}[check()]
+        out.append({"claim": claim, "family": family, "status": status,
+                    "holds": None if status == NOT_EVALUATED else status == HOLDS, "values": values})
 
     def versus(a: dict | None, b: dict | None) -> dict | None:
         return None if a is None or b is None else paired_difference(a, b)
@@ -308,39 +346,47 @@ def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], strategy
         c, top = by.get(("arli", d)), ceil.get(d)
         target = round(top - CEILING_MARGIN, 4) if top is not None and top < nominal else nominal
         rule(f"arli@{d} >= {nominal:.2f} (ceiling@{d} - {CEILING_MARGIN:.2f} where the ceiling is lower; "
-             "mean, CI shown)", "target",
-             [c], lambda c=c, t=target: c["success_mean"] >= t,
-             {f"arli@{d}": _mean(c), "ci95": _get(c, "ci95"), f"ceiling@{d}": top, "target": target,
-              "ci_lower_clears_target": None if c is None else c["ci95"][0] >= target})
+             "judged by its CI)", "target",
+             [c], lambda c=c, t=target: at_least(c["ci95"], t),
+             {f"arli@{d}": _mean(c), "ci95": _get(c, "ci95"), f"ceiling@{d}": top, "target": target})
     for d in every:
         c = by.get(("arli", d))
-        rule(f"arli@{d} - start@{d} >= {MIN_GAIN:+.2f}, gain CI excludes 0", "gain_over_start",
-             [c], lambda c=c: c["gain_mean"] >= MIN_GAIN and c["gain_ci95"][0] > 0,
+
+        def gain(c=c) -> bool | None:
+            if c["gain_mean"] >= MIN_GAIN and c["gain_ci95"][0] > 0:
+                return True
+            return False if c["gain_ci95"][1] < MIN_GAIN else None
+
+        rule(f"arli@{d} - start@{d} >= {MIN_GAIN:+.2f}, gain CI excludes 0 (fails: CI below {MIN_GAIN:+.2f})",
+             "gain_over_start", [c], gain,
              {f"arli@{d}": _mean(c), f"start@{d}": _get(c, "start_mean"), "gain": _get(c, "gain_mean"),
               "gain_ci95": _get(c, "gain_ci95")})
     for control in CONTROLS:
         for d in (d for d in every if d > 0):
             a, b = by.get(("arli", d)), by.get((control, d))
             diff = versus(a, b)
-            rule(f"arli@{d} >= {control}@{d} + {CONTROL_MARGIN:.2f} (paired CI > 0)", "controls",
-                 [diff], lambda x=diff: x["ci95"][0] > 0 and x["mean"] >= CONTROL_MARGIN,
+            rule(f"arli@{d} >= {control}@{d} + {CONTROL_MARGIN:.2f} (paired CI of the difference)", "controls",
+                 [diff], lambda x=diff: at_least(x["ci95"], CONTROL_MARGIN),
                  {f"arli@{d}": _mean(a), f"{control}@{d}": _mean(b), "difference": _get(diff, "mean"),
                   "difference_ci95": _get(diff, "ci95")})
     a4, s4 = by.get(("arli", 4)), by.get(("standard", 4))
-    rule(f"standard@4 <= arli@4 - {STANDARD_GAP:.2f} (means, paired CI shown)", "standard",
-         [a4, s4], lambda: s4["success_mean"] <= a4["success_mean"] - STANDARD_GAP,
-         {"arli@4": _mean(a4), "standard@4": _mean(s4), "difference_ci95": _get(versus(a4, s4), "ci95")})
+    diff = versus(a4, s4)
+    rule(f"standard@4 <= arli@4 - {STANDARD_GAP:.2f} (paired CI of arli - standard)", "standard",
+         [diff], lambda x=diff: at_least(x["ci95"], STANDARD_GAP),
+         {"arli@4": _mean(a4), "standard@4": _mean(s4), "difference": _get(diff, "mean"),
+          "difference_ci95": _get(diff, "ci95")})
     s0 = by.get(("standard", 0), by.get((IDEAL, 0)))  # the ideal reference: standard_d0 when d = 0 is not swept
-    rule(f"arli@4 >= standard@0 - {IDEAL_MARGIN:.2f} (means, CIs shown)", "ideal",
-         [a4, s0], lambda: a4["success_mean"] >= s0["success_mean"] - IDEAL_MARGIN,
-         {"arli@4": _mean(a4), "standard@0": _mean(s0), "arli@4_ci95": _get(a4, "ci95"),
-          "standard@0_ci95": _get(s0, "ci95")})
+    diff = versus(a4, s0)
+    rule(f"arli@4 >= standard@0 - {IDEAL_MARGIN:.2f} (paired CI of arli@4 - standard@0)", "ideal",
+         [diff], lambda x=diff: at_least(x["ci95"], -IDEAL_MARGIN),
+         {"arli@4": _mean(a4), "standard@0": _mean(s0), "difference": _get(diff, "mean"),
+          "difference_ci95": _get(diff, "ci95")})
     d = ABLATION_DELAY
     for ablation in ABLATIONS:
         a, b = by.get(("arli", d)), by.get((ablation, d))
         diff = versus(b, a)
         rule(f"{ablation}@{d} < arli@{d} (paired CI of {ablation} - arli below 0)", "ablations",
-             [diff], lambda x=diff: x["ci95"][1] < 0,
+             [diff], lambda x=diff: True if x["ci95"][1] < 0 else (False if x["ci95"][0] >= 0 else None),
              {f"arli@{d}": _mean(a), f"{ablation}@{d}": _mean(b), "difference": _get(diff, "mean"),
               "difference_ci95": _get(diff, "ci95")})
     base = base_variant(strategy)
@@ -348,6 +394,7 @@ def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], strategy
     for d in every:
         a, b = by.get(("arli", d)), by.get((base, d))
         diff = versus(a, b)
+        # do no harm: it fails only where the interval shows harm
         rule(f"arli@{d} not below {label}@{d} (paired CI of arli - base not entirely below 0)", "not_below_base",
              [diff], lambda x=diff: not x["ci95"][1] < 0,
              {f"arli@{d}": _mean(a), f"{base}@{d}": _mean(b), "difference": _get(diff, "mean"),
@@ -367,14 +414,14 @@ def _value(key: str, v) -> str:
 
 
 def verdict_markdown(checks: list[dict], budget: int) -> str:
-    lines = []
-    for c in checks:
-        status = {True: "holds", False: "does NOT hold", None: "not evaluated"}[c["holds"]]
-        lines.append(f"* `{c['claim']}`: **{status}** ({', '.join(_value(k, v) for k, v in c['values'].items())})")
-    held = sum(c["holds"] is True for c in checks)
-    evaluated = sum(c["holds"] is not None for c in checks)
-    return (f"Expected results (the issue's targets), at budget {budget} env steps per run: {held} of "
-            f"{evaluated} evaluated hold ({len(checks) - evaluated} not evaluated: a cell they need is missing). "
+    labels = {HOLDS: "holds", FAILS: "does NOT hold", UNRESOLVED: "unresolved (the interval straddles it)",
+              NOT_EVALUATED: "not evaluated"}
+    lines = [f"* `{c['claim']}`: **{labels[c['status']]}** ({', '.join(_value(k, v) for k, v in c['values'].items())})"
+             for c in checks]
+    count = {s: sum(c["status"] == s for c in checks) for s in labels}
+    return (f"Expected results (the issue's targets), at budget {budget} env steps per run, each judged by a 95% "
+            f"interval: {count[HOLDS]} hold, {count[FAILS]} do not, {count[UNRESOLVED]} unresolved, "
+            f"{count[NOT_EVALUATED]} not evaluated (a cell they need is missing). "
             "Intervals: 95% two-level bootstrap over training seeds x the shared test episodes; "
             "differences paired on the same seeds and episodes.\n\n" + "\n".join(lines) + "\n")
 
@@ -576,6 +623,8 @@ def markdown(p: dict, cfg: LatencySweepConfig) -> str:
     for c in sorted(p["cells"], key=lambda c: (cfg.variants.index(c["variant"]), c["delay_steps"])):
         partial = "" if c["complete"] else " (partial: no verdict uses it)"
         start = "—" if c["start_mean"] is None else f"{c['start_mean']:.3f}{_ci(c.get('start_ci95'))}"
+        if c.get("start_is_base_seeds"):
+            start += f" (= the base on seeds {c['start_is_base_seeds']})"
         gain = "—" if c["gain_ci95"] is None else f"{c['gain_mean']:+.3f}{_ci(c['gain_ci95'], True)}"
         reached = "not reached" if c["steps_to_80"] is None else c["steps_to_80"]
         rows.append(f"| {c['variant']} | {c['delay_steps']} | {c['seeds']}{partial} | "
@@ -592,7 +641,9 @@ def markdown(p: dict, cfg: LatencySweepConfig) -> str:
         f"`{p['checkpoint_digest']}`: a base re-trained on another machine differs), async `{cfg.chunking.strategy}` "
         "switching for the residual variants. Success: mean over seeds x episodes with a 95% two-level "
         "bootstrap interval (training seeds, then episodes). Anchored start: the same run after anchor "
-        "pretraining, before any online step; gain: final - start, paired on the same seeds and episodes. "
+        "pretraining, before any online step (\"= the base\": the start guard found the anchored start below "
+        "the base on the tune episodes and started RL from the base; its test outcomes are the base's); gain: "
+        "final - start, paired on the same seeds and episodes. "
         "`bc_control`: the same learner with the critic's influence off (BC on the anchor rows, fading with "
         "the learner's anchor weight, after which the actor stops moving); `uniform_control`: AWR with every "
         "row weighted 1, the anchor rows fading as in the learner. Ceiling: `arli bench ceiling`'s projected expert "

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from arli.bench.common import machine_info, print_last_line_json, success_plot, write_report
 from arli.config import BenchTuneConfig, ConfigError, FinetuneConfig
-from arli.rl.config import TRAIN_SEED_BLOCK, disjoint
+from arli.rl.config import TRAIN_SEED_BLOCKS, disjoint, outside_training
 from arli.stats import gain_ci, success_ci, verdict
 
 # what every compared run must share: the task, the delay, how chunks execute and the base
@@ -165,10 +165,10 @@ def check_tune_seeds(dirs: list[str], configs: list[FinetuneConfig], seed_base: 
                               f"[{test.start}, {test.stop}) of {run_dir}; choices are made on tune seeds only: "
                               f"pass episodes<={test.start - seed_base}" if test.start > seed_base else
                               f"episodes: the tune seeds of {run_dir} from {seed_base} overlap its test seeds")
-        if not disjoint(asked, TRAIN_SEED_BLOCK):
+        if not outside_training(asked):
+            blocks = " and ".join(f"[{b.start}, {b.stop})" for b in TRAIN_SEED_BLOCKS)
             raise ConfigError(f"episodes: {episodes} episodes from run.tune_seed={seed_base} reach the training "
-                              f"episodes' seeds [{TRAIN_SEED_BLOCK.start}, {TRAIN_SEED_BLOCK.stop}); pass fewer "
-                              "episodes")
+                              f"episodes' seeds {blocks}; pass fewer episodes")
 
 
 def evaluate_run(run_dir: str, run_cfg: FinetuneConfig, seed_base: int, episodes: int, with_base: bool) -> dict:
@@ -178,7 +178,7 @@ def evaluate_run(run_dir: str, run_cfg: FinetuneConfig, seed_base: int, episodes
 
     ft, name, delay = make_finetuner(run_cfg)
     ft.load(os.path.join(run_dir, "checkpoint"))
-    split = split_of(run_cfg.run, seed_base, episodes, ft.train_range())
+    split = split_of(run_cfg.run, seed_base, episodes, ft.train_ranges())
     if split != "tune":  # never a choice on the test seeds (or on the training episodes)
         raise ConfigError(f"episodes: seeds {seed_base}..{seed_base + episodes - 1} are {split} seeds of {run_dir}, "
                           "not tune seeds; pass fewer episodes")

@@ -21,7 +21,7 @@ def main(cfg: EvalConfig) -> int:
     spec = run_cfg.run
     seed_base = spec.test_seed if cfg.seed_base is None else cfg.seed_base
     episodes = spec.test_episodes if cfg.episodes is None else cfg.episodes
-    split = {"split": split_of(spec, seed_base, episodes, ft.train_range()), "seed_base": seed_base,
+    split = {"split": split_of(spec, seed_base, episodes, ft.train_ranges()), "seed_base": seed_base,
              "episodes": episodes}
     print(f"evaluating {cfg.run} ({spec.variant}, d={delay}, {ft.env_steps} env steps) and the base alone on "
           f"{episodes} episodes from seed {seed_base} ({split['split']} seeds)", flush=True)
@@ -29,7 +29,16 @@ def main(cfg: EvalConfig) -> int:
     base = ft.evaluate(episodes, seed_base, residual=False)
     report = test_report(spec, split, {"base": base["outcomes"], "final": final["outcomes"]})
     report.update(env=name, variant=spec.variant, delay_steps=delay, env_steps=ft.env_steps)
-    report["videos"] = run_videos(run_cfg, ft, name, cfg.run, cfg.videos)
+    writer = None
+    if cfg.videos:
+        from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
+
+        writer = SummaryWriter(os.path.join(cfg.run, "tb"))  # next to the run's own curves
+    try:
+        report["videos"] = run_videos(run_cfg, ft, name, cfg.run, cfg.videos, writer, seed_base)
+    finally:
+        if writer is not None:
+            writer.close()
     out = cfg.output or os.path.join(cfg.run, f"eval_{seed_base}_{episodes}.json")
     with open(out, "w", encoding="utf-8") as fh:
         json.dump(report, fh, indent=1)

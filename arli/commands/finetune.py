@@ -51,27 +51,38 @@ def new_run_dir(prefix: str) -> str:
             n += 1
 
 
-def run_videos(cfg: FinetuneConfig, ft, name: str, out_dir: str, episodes: int, writer=None) -> list[dict]:
-    """Rollout videos of the first ``episodes`` test seeds, the base alone against base +
-    residual, every camera of the task at ``cfg.video_size`` -> ``<out_dir>/videos/``."""
+def run_videos(cfg: FinetuneConfig, ft, name: str, out_dir: str, episodes: int, writer=None,
+               seed_base: int | None = None) -> list[dict]:
+    """Rollout videos of the first ``episodes`` seeds from ``seed_base`` (default: the test
+    seeds), the base alone against base + residual, every camera of the task -> ``<out_dir>/videos/``
+    (and filmstrips to ``writer``). Rendered at ``cfg.video_size``, or at the base's own image
+    size when it reads cameras (it refuses frames of another size)."""
     if episodes <= 0:
         return []
     from arli.videos import write_run_videos  # noqa: PLC0415
     from sim_envs.franka import CAMERAS  # noqa: PLC0415
 
+    sizes = {h for h, w, _ in ft.base.camera_shapes().values() if h and h == w} \
+        if hasattr(ft.base, "camera_shapes") else set()
+    size = sizes.pop() if len(sizes) == 1 else cfg.video_size
+
     def render_env():
         return make_env(name, dt=cfg.env.dt, max_episode_steps=cfg.env.max_episode_steps,
-                        image_size=cfg.video_size, cameras=list(CAMERAS))
+                        image_size=size, cameras=list(CAMERAS))
 
     controllers = {"base alone": None, f"base + {cfg.run.variant} residual": ft.evaluation_controller()}
-    seeds = list(cfg.run.test_range())[:episodes]
-    print(f"rollout videos of test seeds {seeds} ({', '.join(CAMERAS)} cameras) -> {out_dir}/videos/")
+    first = cfg.run.test_seed if seed_base is None else seed_base
+    seeds = list(range(first, first + episodes))
+    print(f"rollout videos of seeds {seeds} ({', '.join(CAMERAS)} cameras, {size} px) -> {out_dir}/videos/")
     try:
         return write_run_videos(render_env, ft.base, ft.chunking, ft.latency, controllers, seeds, out_dir, writer,
                                 ft.env_steps)
-    except Exception as exc:  # rendering needs an OpenGL context; the run's results do not
-        print(f"arli: no rollout videos ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-              "headless machines render with MUJOCO_GL=egl (or osmesa); `videos=0` skips them", file=sys.stderr)
+    except Exception as exc:  # the run's results do not depend on its videos
+        first_line = str(exc).splitlines()[0] if str(exc) else ""
+        hint = ("the base refused the rendered frames" if isinstance(exc, ValueError) else
+                "rendering needs an OpenGL context: headless machines render with MUJOCO_GL=egl (or osmesa)")
+        print(f"arli: no rollout videos ({type(exc).__name__}: {first_line}); {hint}; `videos=0` skips them",
+              file=sys.stderr)
         return []
 
 
@@ -95,6 +106,7 @@ def main(cfg: FinetuneConfig) -> int:
     from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
 
     from arli.rl.learner import LearnerDiverged  # noqa: PLC0415
+    from arli.rl.config import REPORTED_TEST_EPISODES  # noqa: PLC0415
 
     start = time.time()
     ft, name, delay = make_finetuner(cfg)
@@ -103,6 +115,10 @@ def main(cfg: FinetuneConfig) -> int:
     os.makedirs(run_dir, exist_ok=True)
     OmegaConf.save(OmegaConf.structured(cfg), os.path.join(run_dir, "config.yaml"))
     test = {"split": "test", "seed_base": spec.test_seed, "episodes": spec.test_episodes}
+    if spec.test_episodes < REPORTED_TEST_EPISODES:
+        print(f"note: run.test_episodes={spec.test_episodes} < {REPORTED_TEST_EPISODES}: this run's final numbers "
+              "are for a check, too few episodes to report a gain (the protocol reports on >= "
+              f"{REPORTED_TEST_EPISODES})", flush=True)
     if cfg.resume:
         ft.load(cfg.resume)
         print(f"resumed {cfg.resume} at env step {ft.env_steps}")

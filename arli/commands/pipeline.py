@@ -38,10 +38,10 @@ def serve_main(cfg: ServeConfig) -> int:
     from sim_envs import make_env, task_name  # noqa: PLC0415
 
     _logging()
+    device = resolve_device(cfg.device)  # first: a missing CUDA fails before any base is trained
     name = task_name(cfg.env.name)
     ensure_base_policy(cfg.checkpoint, cfg.pretrain, cfg.env)
     instruction = make_env(name).unwrapped.instruction
-    device = resolve_device(cfg.device)
     policy = load_base_policy(cfg.checkpoint, instruction, name, cfg.pretrain.policy.chunk_size, device=device)
     server = InferenceServer(policy, bind_address(cfg.transport.server),
                              {"dt": cfg.env.dt, "task": name, "device": device}, cfg.min_latency_s,
@@ -94,9 +94,14 @@ def learner_main(cfg: LearnerServiceConfig) -> int:
                   f"episodes {len(svc.episodes)} success(20) {np.mean(recent) if recent else 0:.2f} "
                   f"actors {sorted(svc.applied)}", flush=True)
 
+    from arli.rl.learner import LearnerDiverged  # noqa: PLC0415
+
     stop = _stop_on_signals()
     try:
         service.run(progress=progress, stop=stop)
+    except LearnerDiverged as exc:  # restarting from the same checkpoint would diverge again
+        print(f"arli learner: stopped: {exc}", file=sys.stderr, flush=True)
+        return DIVERGED
     finally:
         service.close()
     if stop.is_set():
@@ -279,6 +284,8 @@ def launch_commands(cfg: LaunchConfig) -> dict[str, list[str]]:
 
 
 ACTORLESS_GRACE_S = 900.0  # the learner's final evaluation may run this long after its actors stopped
+DIVERGED = 3  # exit code of a learner whose critic diverged (as `arli finetune`'s)
+RESTART_BACKOFF_S = (1.0, 2.0, 4.0, 8.0)  # wait before the n-th restart of a process (then the last)
 
 
 def launch_main(cfg: LaunchConfig) -> int:
@@ -312,13 +319,19 @@ def launch_main(cfg: LaunchConfig) -> int:
                 if code == 2:  # a config or input error: the same command fails the same way again
                     print(f"arli launch: {name} refused its settings (see {cfg.output_dir}/{name}.log)", flush=True)
                     return 2
+                if name == "learner" and code == DIVERGED:  # its checkpoint would diverge the same way
+                    print(f"arli launch: the learner's critic diverged; not restarted (see "
+                          f"{cfg.output_dir}/learner.log; its last good checkpoint is kept)", flush=True)
+                    return DIVERGED
                 if restarts[name] >= cfg.restarts:
                     print(f"arli launch: {name} exited with {code} after {restarts[name]} restarts; giving up",
                           flush=True)
                     return 1
+                wait = RESTART_BACKOFF_S[min(restarts[name], len(RESTART_BACKOFF_S) - 1)]
                 restarts[name] += 1
-                print(f"arli launch: {name} exited with {code}; restarting it ({restarts[name]}/{cfg.restarts})",
-                      flush=True)
+                print(f"arli launch: {name} exited with {code}; restarting it in {wait:.0f} s "
+                      f"({restarts[name]}/{cfg.restarts})", flush=True)
+                time.sleep(wait)  # a process that dies at once is not restarted in a tight loop
                 start(name, "a")
             if all(p.poll() is not None for n, p in procs.items() if n.startswith("actor")):
                 actors_gone = actors_gone or time.perf_counter()

@@ -48,6 +48,11 @@ class BasePolicy(abc.ABC):
     def reset(self, seed: int | None = None) -> None:
         """Start of an episode (clears histories; seeds sampling)."""
 
+    def camera_shapes(self) -> dict[str, tuple[int, int, int]]:
+        """The cameras a request must carry: name -> (h, w, 3) uint8 image (0 for a size the
+        policy does not fix); empty for a state-only policy."""
+        return {}
+
 
 def with_prefix(actions: np.ndarray, committed_prefix: np.ndarray | None) -> np.ndarray:
     """actions (H, m) with the committed slots overwritten by what runs, clipped to [-1, 1]."""

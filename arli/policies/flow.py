@@ -217,6 +217,10 @@ class FlowPolicy(BasePolicy):
                              f"{self.cfg.state_names or ''}, got {tuple(s.shape)}")
         return ((s - self.model.state_mean) / self.model.state_std)[None]
 
+    def camera_shapes(self) -> dict[str, tuple[int, int, int]]:
+        size = self.cfg.image_size
+        return {name: (size, size, 3) for name in self.cfg.cameras} if size else {}
+
     def _images(self, images: dict[str, np.ndarray]) -> torch.Tensor | None:
         """Cameras by name -> (1, C, 3, S, S) in ``cfg.cameras`` order; errors name the camera."""
         cfg = self.cfg
@@ -225,8 +229,9 @@ class FlowPolicy(BasePolicy):
         size, out = cfg.image_size, []
         for name in cfg.cameras:
             if name not in images:
-                raise ValueError(f"camera {name!r} missing: this policy needs {list(cfg.cameras)}, "
-                                 f"the observation has {sorted(images)}")
+                raise ValueError(f"camera {name!r} missing: this policy needs "
+                                 f"{ {c: (size, size, 3) for c in cfg.cameras} } (h, w, 3) uint8, the observation "
+                                 f"has {sorted(images)}")
             image = np.asarray(images[name])
             if image.shape != (size, size, 3) or image.dtype != np.uint8:
                 raise ValueError(f"camera {name!r} must be a ({size}, {size}, 3) uint8 image, got "

@@ -11,11 +11,14 @@ checkpoint on a transformers without the openpi fork is refused up front, in one
 from __future__ import annotations
 
 import json
+import logging
 import os
+
 import numpy as np
 import torch
 
 from arli.errors import InputError
+from arli.logs import RateLimitedLog
 from arli.policies.base import BasePolicy, BatchRequestError, with_prefix
 from arli.types import Observation, PolicyRequest
 
@@ -25,6 +28,8 @@ from arli.types import Observation, PolicyRequest
 # version is used"
 PI_POLICIES = ("pi0", "pi05", "pi0_fast")
 PI_TRANSFORMERS = "transformers @ git+https://github.com/huggingface/transformers.git@fix/lerobot_openpi"
+ACTION_RANGE_TOLERANCE = 1e-3  # post-processed actions this far past [-1, 1] are reported, then clipped
+log = logging.getLogger("arli.policies")
 
 
 def pi_transformers_installed() -> bool:
@@ -104,6 +109,10 @@ class LeRobotPolicyAdapter(BasePolicy):
         # several robots' requests in one forward pass: not for policies that read a per-robot
         # observation history from their queues (Diffusion stacks its queues even at one step)
         self.batchable = self.n_obs_steps == 1 and cfg.type != "diffusion"
+        # the runtime's action space is [-1, 1]; a checkpoint whose post-processor gives robot
+        # units beyond it is clipped, and said so (a silent clip would hide a unit mismatch)
+        self.clipped_chunks = 0
+        self._log = RateLimitedLog(log, per_window=1, window_s=60.0)
 
     def reset(self, seed: int | None = None) -> None:
         self.policy.reset()  # clears the observation history of history-based policies
@@ -137,6 +146,21 @@ class LeRobotPolicyAdapter(BasePolicy):
         batch.update(self._cameras(obs.images))
         return batch
 
+    def camera_shapes(self) -> dict[str, tuple[int, int, int]]:
+        return {name: (shape[1], shape[2], 3) if len(shape) == 3 else (0, 0, 3)
+                for name, (_, shape) in self.cameras.items()}
+
+    def _in_range(self, actions: np.ndarray, committed_prefix: np.ndarray | None) -> np.ndarray:
+        """A chunk (H, m) in the runtime's [-1, 1] action space, the prefix in its first slots;
+        actions beyond the range are counted and reported (at most once a minute), then clipped."""
+        peak = float(np.abs(actions).max()) if actions.size else 0.0
+        if peak > 1.0 + ACTION_RANGE_TOLERANCE:
+            self.clipped_chunks += 1
+            self._log.warn("the policy's actions reach |a| = %.3f, outside the runtime's [-1, 1] action space; "
+                           "clipped (%d chunks so far). A checkpoint trained on robot units needs its actions "
+                           "normalised to [-1, 1] (e.g. its dataset's action stats)", peak, self.clipped_chunks)
+        return with_prefix(actions, committed_prefix)
+
     def _cameras(self, images: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """Cameras by name -> the checkpoint's ``observation.images.<name>`` features, (1, 3, h, w)
         float in [0, 1]. A missing, unexpected or misshaped camera is one ValueError naming it."""
@@ -144,7 +168,9 @@ class LeRobotPolicyAdapter(BasePolicy):
         wanted = dict(self.cameras)
         missing = sorted(set(wanted) - set(given))
         if missing:
-            raise ValueError(f"camera(s) {missing} missing: this policy needs {sorted(wanted)}, the request "
+            shapes = self.camera_shapes()
+            raise ValueError(f"camera(s) {missing} missing: this policy needs "
+                             f"{ {name: shapes[name] for name in sorted(wanted)} } (h, w, 3) uint8, the request "
                              f"has {sorted(given)}")
         extra = sorted(set(given) - set(wanted))
         if extra and wanted:
@@ -184,7 +210,7 @@ class LeRobotPolicyAdapter(BasePolicy):
         if actions.ndim != 2 or actions.shape[1] != self.action_dim or len(actions) < self.chunk_size:
             raise ValueError(f"policy returned actions of shape {actions.shape}, expected "
                              f"(>= {self.chunk_size}, {self.action_dim})")
-        return with_prefix(actions[: self.chunk_size], request.committed_prefix)
+        return self._in_range(actions[: self.chunk_size], request.committed_prefix)
 
     @torch.no_grad()
     def infer_batch(self, requests: list[PolicyRequest]) -> list[np.ndarray]:
@@ -208,4 +234,4 @@ class LeRobotPolicyAdapter(BasePolicy):
                 or actions.shape[1] < self.chunk_size:
             raise ValueError(f"policy returned actions of shape {actions.shape}, expected "
                              f"({len(requests)}, >= {self.chunk_size}, {self.action_dim})")
-        return [with_prefix(actions[b, : self.chunk_size], r.committed_prefix) for b, r in enumerate(requests)]
+        return [self._in_range(actions[b, : self.chunk_size], r.committed_prefix) for b, r in enumerate(requests)]

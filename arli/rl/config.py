@@ -136,7 +136,10 @@ class LearnerConfig:
             "run.learner.policy_delay": (self.policy_delay >= 1, ">= 1"),
             "run.learner.critic_warmup_updates": (self.critic_warmup_updates >= 0, ">= 0"),
             "run.learner.actor_update": (self.actor_update in ACTOR_UPDATES, f"one of {ACTOR_UPDATES}"),
-            "run.learner.gate_candidates": (self.gate_candidates >= 0, ">= 0"),
+            "run.learner.gate_candidates": (self.gate_candidates >= (2 if self.actor_update == "select" else 0),
+                                            ">= 0, and >= 2 with run.learner.actor_update=select (its candidates "
+                                            "are pi(s), the base and gate_candidates - 2 perturbations; fewer "
+                                            "make it plain regression onto the data)"),
             "run.learner.gate_std": (self.gate_std >= 0, ">= 0"),
             "run.learner.awr_temperature": (self.awr_temperature > 0, "> 0"),
             "run.learner.awr_max_weight": (self.awr_max_weight >= 1, ">= 1"),
@@ -214,14 +217,41 @@ def q_floor(learner: LearnerConfig, intervention: InterventionSpec, online_inter
 
 
 REGIMES = ("rl", "hil")
-# training episodes (demonstrations, online) of seed k draw their episode seeds from
-# TRAIN_SEED_BASE + 1000 k ..; tune and test seeds stay out of that block
-TRAIN_SEED_BASE = 100_000
-TRAIN_SEED_BLOCK = range(TRAIN_SEED_BASE, TRAIN_SEED_BASE + 1_000_000)
+REPORTED_TEST_EPISODES = 200  # the fewest test episodes a reported number rests on
+# training episodes (demonstrations, online) of training seed k: the first 1000 draw their
+# episode seeds from TRAIN_SEED_BASE + 1000 k .., later ones (a 200k-step run has ~1700) from a
+# block of LONG_RUN_EPISODES per seed, so neighbouring seeds never share an episode; tune and
+# test seeds stay out of both blocks
+TRAIN_SEED_BASE, FIRST_EPISODES, MAX_TRAIN_SEED = 100_000, 1000, 1000
+LONG_RUN_SEED_BASE, LONG_RUN_EPISODES = 100_000_000, 1_000_000
+TRAIN_SEED_BLOCKS = (range(TRAIN_SEED_BASE, TRAIN_SEED_BASE + FIRST_EPISODES * MAX_TRAIN_SEED),
+                     range(LONG_RUN_SEED_BASE, LONG_RUN_SEED_BASE + LONG_RUN_EPISODES * MAX_TRAIN_SEED))
+
+
+def train_episode_seed(seed: int, episode: int) -> int:
+    """The episode seed of training episode ``episode`` (0, 1, ..) of training seed ``seed``."""
+    if episode < FIRST_EPISODES:
+        return TRAIN_SEED_BASE + FIRST_EPISODES * seed + episode
+    return LONG_RUN_SEED_BASE + LONG_RUN_EPISODES * seed + episode
+
+
+def train_seed_ranges(seed: int, episodes: int) -> list[range]:
+    """The episode seeds of the first ``episodes`` training episodes of training seed ``seed``."""
+    first = TRAIN_SEED_BASE + FIRST_EPISODES * seed
+    out = [range(first, first + min(episodes, FIRST_EPISODES))]
+    if episodes > FIRST_EPISODES:
+        long = LONG_RUN_SEED_BASE + LONG_RUN_EPISODES * seed
+        out.append(range(long + FIRST_EPISODES, long + episodes))
+    return out
 
 
 def disjoint(a: range, b: range) -> bool:
     return a.stop <= b.start or b.stop <= a.start
+
+
+def outside_training(r: range) -> bool:
+    """Whether no seed of ``r`` is a training episode's seed (of any training seed)."""
+    return all(disjoint(r, block) for block in TRAIN_SEED_BLOCKS)
 
 
 @dataclass
@@ -244,7 +274,7 @@ class RunSpec:
     eval_every: int = 2500
     eval_episodes: int = 30  # tune episodes per curve point: seeds tune_seed ..
     tune_seed: int = 10_000
-    test_episodes: int = 200  # final evaluation: base alone, anchored start and finetuned, same seeds
+    test_episodes: int = REPORTED_TEST_EPISODES  # final evaluation: base alone, anchored start and finetuned, same seeds
     test_seed: int = 5_000_000
     seed: int = 0
     # do no harm before RL starts: the anchored start and the base alone on the tune
@@ -277,10 +307,12 @@ class RunSpec:
         """Refuse tune and test episode seeds that overlap each other or the training seeds."""
         require(disjoint(tune, test), "run.test_seed", f"a test range disjoint from the tune seeds "
                 f"[{tune.start}, {tune.stop}) (tune on one, report on the other)", f"[{test.start}, {test.stop})")
-        block = TRAIN_SEED_BLOCK
+        blocks = " and ".join(f"[{b.start}, {b.stop})" for b in TRAIN_SEED_BLOCKS)
         for name, r in (("run.tune_seed", tune), ("run.test_seed", test)):
-            require(disjoint(r, block), name, f"seeds outside the training episodes' [{block.start}, {block.stop})",
+            require(outside_training(r), name, f"seeds outside the training episodes' {blocks}",
                     f"[{r.start}, {r.stop})")
+        require(0 <= self.seed < MAX_TRAIN_SEED, "run.seed", f"an integer in [0, {MAX_TRAIN_SEED}) (each training "
+                "seed has its own block of training episode seeds)", self.seed)
         require(self.anchor_episodes >= 0, "run.anchor_episodes", ">= 0", self.anchor_episodes)
         require(self.learn_after >= 1, "run.learn_after", ">= 1", self.learn_after)
         for root in self.datasets:

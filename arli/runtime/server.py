@@ -24,6 +24,7 @@ import zmq
 
 import arli
 from arli.policies.base import BasePolicy, BatchRequestError
+from arli.logs import RateLimitedLog
 from arli.transport.codec import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ProtocolError, decode, encode, error_frame
 from arli.transport.zmq_io import CurveConfig, bind_socket, stop_auth
 from arli.types import Observation, PolicyRequest
@@ -75,6 +76,8 @@ class InferenceServer:
         self._last_batch: set[bytes] = set()  # the robots answered together last time
         self.meta = {"chunk_size": int(policy.chunk_size), "action_dim": int(policy.action_dim),
                      "n_obs_steps": int(policy.n_obs_steps), "max_batch": self.max_batch if self.batching else 1,
+                     # what each request must carry: camera name -> [h, w, 3] (uint8)
+                     "cameras": {k: list(v) for k, v in (getattr(policy, "camera_shapes", dict)() or {}).items()},
                      "policy": type(policy).__name__, "protocol": PROTOCOL_VERSION,
                      "arli": arli.__version__, **(meta or {})}
         self.ctx = zmq.Context()
@@ -87,7 +90,8 @@ class InferenceServer:
         self._seq = 0
         self.stats = {"requests": 0, "errors": 0, "warnings_suppressed": 0, "batches": 0, "batched_requests": 0,
                       "clients": set()}
-        self._window_start, self._logged, self._held = time.perf_counter(), 0, 0
+        # a client that floods bad requests gets every error reply, but cannot fill the log
+        self._log = RateLimitedLog(log, WARNINGS_PER_WINDOW, WARNING_WINDOW_S)
 
     # -- messages ----------------------------------------------------------------------
     def handle(self, frame) -> bytes:
@@ -176,19 +180,9 @@ class InferenceServer:
         return [(i, error_frame("policy", f"{type(exc).__name__}: {message}", request_id))]
 
     def _warn(self, line: str) -> None:
-        """A warning line, at most ``WARNINGS_PER_WINDOW`` per ``WARNING_WINDOW_S``: a client that
-        floods bad requests gets every error reply, but cannot fill the server's log (the
-        lines held back are counted in ``stats['warnings_suppressed']`` and reported)."""
-        now = time.perf_counter()
-        if now - self._window_start > WARNING_WINDOW_S:
-            if self._held:
-                log.warning("%d more policy-error warnings in the window before not logged", self._held)
-            self._window_start, self._logged, self._held = now, 0, 0
-        if self._logged < WARNINGS_PER_WINDOW:
-            self._logged += 1
-            log.warning("%s", line)
-        else:
-            self._held += 1
+        """A warning line within the log's budget; those held back are counted in
+        ``stats['warnings_suppressed']``."""
+        if not self._log.warn("%s", line):
             self.stats["warnings_suppressed"] += 1
 
     # -- serving -----------------------------------------------------------------------
@@ -259,7 +253,7 @@ class InferenceServer:
             self.sock.send_multipart([identity, reply])
 
     def close(self) -> None:
-        if self.stats["warnings_suppressed"]:  # the last window's count is said, not lost
+        if self.stats["warnings_suppressed"]:  # the total is said, not lost
             log.warning("%d policy-error warnings were not logged (%d errors answered in all)",
                         self.stats["warnings_suppressed"], self.stats["errors"])
         self.sock.close(linger=0)

@@ -33,9 +33,11 @@ ERROR_CODES = ("too_large", "malformed", "version", "unknown_kind", "schema", "p
 class ProtocolError(ValueError):
     """A message that cannot be accepted; ``code`` is one of ERROR_CODES."""
 
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: str, message: str, request_id: int | None = None):
         super().__init__(f"[{code}] {message}")
-        self.code, self.detail = code, message
+        # the refused message's request id when it had one: the error reply then names the
+        # request, so the robot gives it up at once instead of at its timeout
+        self.code, self.detail, self.request_id = code, message, request_id
 
 
 # -- arrays ----------------------------------------------------------------------------------
@@ -297,7 +299,13 @@ def decode(frame, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
         raise ProtocolError("malformed", "message has no 'kind' string")
     if len(used) != len(buffers):
         raise ProtocolError("malformed", f"{len(buffers) - len(used)} data frame(s) not referenced by the message")
-    validate(kind, obj)
+    try:
+        validate(kind, obj)
+    except ProtocolError as exc:
+        rid = obj.get("request_id")
+        if isinstance(rid, int) and not isinstance(rid, bool):
+            exc.request_id = rid
+        raise
     return Message(kind, obj)
 
 
@@ -305,6 +313,7 @@ def error_frame(exc: ProtocolError | str, message: str = "", request_id: int | N
     """An ``error`` reply for a ProtocolError (or a code + message)."""
     if isinstance(exc, ProtocolError):
         code, message = exc.code, exc.detail
+        request_id = exc.request_id if request_id is None else request_id
     else:
         code = exc
     return encode("error", code=code, message=message[:2000], request_id=request_id)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 
 import numpy as np
 import zmq
 
 from arli.latency import MeasuredLatency, PlansFromMeasured
+from arli.logs import RateLimitedLog
 from arli.transport.codec import MAX_MESSAGE_BYTES, ProtocolError, decode, encode, encode_frames
 from arli.transport.zmq_io import ConnectionMonitor, CurveConfig, connect_socket
 from arli.types import ChunkReply, ChunkRequest, Observation
@@ -45,7 +47,10 @@ class RemoteInference(PlansFromMeasured):
         self.meta: dict = {}
         self.chunk_size = self.action_dim = 0
         self.n_obs_steps = 1
-        self.errors: list[str] = []
+        # the last error replies, and a log a server answering every request with an error
+        # (a missing camera at 20 Hz) cannot flood
+        self.errors: deque[str] = deque(maxlen=100)
+        self._log = RateLimitedLog(log)
         self._sent: dict[int, tuple[float, float]] = {}  # request id -> (capture ts, send ts)
         self._episode = 0
         self._inbox: list[tuple[float, bytes]] = []
@@ -132,12 +137,12 @@ class RemoteInference(PlansFromMeasured):
                 msg = decode(frame, self.max_bytes)
             except ProtocolError as exc:
                 self.errors.append(str(exc))
-                log.warning("bad reply from %s: %s", self.address, exc)
+                self._log.warn("bad reply from %s: %s", self.address, exc)
                 continue
             if msg.kind == "error":
                 self.errors.append(f"[{msg['code']}] {msg['message']}")
-                log.warning("server error for request %s: [%s] %s", msg.get("request_id"), msg["code"],
-                            msg["message"])
+                self._log.warn("server error for request %s: [%s] %s", msg.get("request_id"), msg["code"],
+                               msg["message"])
                 rid = msg.get("request_id")
                 if rid in self._sent:  # the runtime gives that request up now, not at its timeout
                     self._sent.pop(rid)
@@ -154,5 +159,6 @@ class RemoteInference(PlansFromMeasured):
         return out
 
     def close(self) -> None:
+        self._log.flush()
         self.monitor.close()
         self.sock.close(linger=0)

@@ -34,6 +34,7 @@ from openpi_client import msgpack_numpy
 
 from arli.errors import InputError, require
 from arli.latency import MeasuredLatency, PlansFromMeasured
+from arli.logs import RateLimitedLog
 from arli.transport.openpi_mapping import OpenPIConfig, OpenPIError, OpenPIMapping, last_line, timing
 from arli.types import ChunkReply, ChunkRequest, Observation
 
@@ -57,8 +58,8 @@ class OpenPIInference(PlansFromMeasured):
 
     ``connect`` must run first: it reads the server's metadata (``meta``) and sends one
     warm-up request (a zero state and black images), whose reply gives ``chunk_size`` H and
-    checks the mapping before any robot moves. ``errors``: every error the server or a reply
-    gave. ``n_obs_steps`` is 1: openpi's ``infer`` takes one observation.
+    checks the mapping before any robot moves. ``errors``: the last 100 errors the server or
+    a reply gave. ``n_obs_steps`` is 1: openpi's ``infer`` takes one observation.
     """
 
     n_obs_steps = 1
@@ -70,7 +71,8 @@ class OpenPIInference(PlansFromMeasured):
         self.measured = MeasuredLatency(dt, initial_delay_steps, quantile)
         self.chunk_size = 0
         self.meta: dict = {}
-        self.errors: list[str] = []
+        self.errors: deque[str] = deque(maxlen=100)
+        self._log = RateLimitedLog(log)  # a server failing every request cannot flood the robot's log
         self._packer = msgpack_numpy.Packer()
         self._conn: _Connection | None = None
         self._connected, self._stop, self._arrived = threading.Event(), threading.Event(), threading.Event()
@@ -140,6 +142,7 @@ class OpenPIInference(PlansFromMeasured):
         return self._connected.is_set()
 
     def close(self) -> None:
+        self._log.flush()
         self._stop.set()
         conn, self._conn = self._conn, None
         if conn is not None:
@@ -176,7 +179,7 @@ class OpenPIInference(PlansFromMeasured):
                 return out
             if isinstance(payload, str):  # the server's traceback, or why the request was not sent
                 self.errors.append(payload)
-                log.warning("openpi server %s: request %s failed: %s", self.cfg.uri, rid, last_line(payload))
+                self._log.warn("openpi server %s: request %s failed: %s", self.cfg.uri, rid, last_line(payload))
                 if rid in self._sent:  # given up now, re-requested by the runtime
                     self._sent.pop(rid)
                     out.append(ChunkReply(rid, None, {"error": last_line(payload)}))
