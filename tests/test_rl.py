@@ -523,3 +523,23 @@ def test_divergence_stops_with_a_clear_error():
         for _ in range(5):
             learner.update(buf, ReplayBuffer(8, D, M))
 
+
+
+def test_q_bounded_values_the_action_the_regression_target_stands_for():
+    """awr_advantage=q values an anchor row at its recorded action, even one beyond the bound
+    (an expert's); q_bounded at b + scale * clip((a - b) / scale), the action its regression
+    target r_data makes, as Q(s, pi(s)) is valued at an action the residual can reach."""
+    rows = {"state": torch.zeros(4, D), "base": torch.zeros(4, M), "action": torch.full((4, M), 0.9),
+            "is_anchor": torch.ones(4)}
+    valued = {}
+    for mode in ("q", "q_bounded"):
+        learner = _toy_learner(actor_update="awr", awr_advantage=mode, residual_scale=0.3)
+        seen = []
+        forward = learner.critic.forward
+        learner.critic.forward = lambda s, a, f=forward: seen.append(a.detach().clone()) or f(s, a)
+        learner._awr_step(rows, torch.zeros(4), diagnostics=False)
+        # the first call values pi(s) (within the bound), the second the data's side
+        assert seen[0].abs().max() <= 0.3 + 1e-6
+        valued[mode] = seen[1]
+    assert torch.allclose(valued["q"], torch.full((4, M), 0.9))
+    assert torch.allclose(valued["q_bounded"], torch.full((4, M), 0.3))

@@ -11,7 +11,7 @@ from arli.errors import require
 
 
 ACTOR_UPDATES = ("dpg", "select", "awr")
-AWR_ADVANTAGES = ("td", "q")
+AWR_ADVANTAGES = ("td", "q", "q_bounded")
 AWR_WEIGHTS = ("advantage", "uniform")
 
 
@@ -58,6 +58,9 @@ class LearnerConfig:
     # awr's advantage: "q" = mean-head Q(s, a) - mean-head Q(s, pi(s)), the same online heads
     # and action treatment on both sides; "td" = R_n + gamma^n min-subset Q'(s_n, smoothed
     # pi'(s_n)) - mean-head Q(s, pi(s)) (target heads and a smoothed action on one side only).
+    # "q_bounded" = "q" with Q(s, a) taken at the action the regression target stands for,
+    # b + scale * clip((a - b) / scale) (an anchor row's expert action beyond the bound is
+    # valued where the residual can reach, as Q(s, pi(s)) is).
     # "q" with the anchor fade below was chosen by `arli bench tune` on the tune seeds
     # (reports/tune_d8_50k.md: 0.68 against the former default's 0.48 at d = 8, 50k)
     awr_advantage: str = "q"

@@ -242,7 +242,12 @@ class ResidualLearner:
             with torch.no_grad():
                 value = self.critic(b["state"], compose_action(b["base"], r.detach(), cfg.residual_scale)).mean(0)
                 # "q": both sides from the same online heads, Q(s, a) - V(s) with V(s) = Q(s, pi(s))
-                q_data = self.critic(b["state"], b["action"]).mean(0) if cfg.awr_advantage == "q" else target
+                if cfg.awr_advantage == "td":
+                    q_data = target
+                else:  # "q": the data's action; "q_bounded": where the regression target r_data acts
+                    action = b["action"] if cfg.awr_advantage == "q" else \
+                        compose_action(b["base"], r_data, cfg.residual_scale)
+                    q_data = self.critic(b["state"], action).mean(0)
                 advantage = q_data - value
                 weight = torch.exp(cfg.q_weight * advantage / cfg.awr_temperature).clamp(max=cfg.awr_max_weight)
         else:
