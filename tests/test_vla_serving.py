@@ -111,12 +111,29 @@ def test_a_checkpoint_trained_on_a_gpu_runs_where_the_server_puts_it(smolvla_dir
     (path / "policy_preprocessor.json").write_text(json.dumps(saved))
     adapter = load_base_policy(str(path), device="cpu")
     with pytest.raises(ValueError, match="device_processor"):  # what serving it without the override did
-        make_pre_post_processors(adapter.cfg, pretrained_path=str(path))
+        make_pre_post_processors(adapter.cfg, pretrained_path=str(path), preprocessor_overrides={
+            "tokenizer_processor": {"tokenizer_name": str(path / "vlm")}})
     assert _chunk(adapter, PICK).shape == (6, M)
     with pytest.raises(InputError, match=r"device: expected a device torch can use here, got 'cuda'"):
         load_base_policy(str(path), device="cuda")
     with pytest.raises(ConfigError, match=r"device: expected auto, cpu, cuda or cuda:<index>, got 'gpu'"):
         ServeConfig(device="gpu").validate()
+
+
+def test_a_checkpoint_with_its_backbone_and_tokenizer_beside_it_can_be_moved(smolvla_dir, tmp_path):
+    """The local VLM backbone and tokenizer are named relative to the checkpoint; the adapter
+    reads them from wherever the directory now is (a copy never points back at the original)."""
+    from lerobot.processor import TokenizerProcessorStep  # noqa: PLC0415
+
+    saved = (smolvla_dir / "config.json").read_text() + (smolvla_dir / "policy_preprocessor.json").read_text()
+    assert str(smolvla_dir) not in saved and json.loads((smolvla_dir / "config.json").read_text())[
+        "vlm_model_name"] == "vlm"
+    moved = shutil.copytree(smolvla_dir, tmp_path / "moved")
+    adapter = load_base_policy(str(moved), task=DRAWER)
+    assert adapter.cfg.vlm_model_name == str(moved / "vlm")
+    step = next(s for s in adapter.pre.steps if isinstance(s, TokenizerProcessorStep))
+    assert step.tokenizer_name == str(moved / "vlm")
+    np.testing.assert_array_equal(_chunk(adapter, PICK), _chunk(load_base_policy(str(smolvla_dir)), PICK))
 
 
 def _ask(client, requests: dict[int, tuple[dict, str]], timeout_s: float = 60) -> dict:

@@ -8,6 +8,7 @@ Every checkpoint takes ``observation.state`` (N,), the cameras given (name -> (3
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from unittest import mock
 
@@ -65,6 +66,26 @@ def build_smolvlm_backbone(path: Path, image_size: int = 32) -> Path:
     return path
 
 
+def _relative_paths(path: Path) -> None:
+    """Every path into the checkpoint directory written in its config and pre-processor (the
+    local backbone, the tokenizer) made relative to it, so the directory can be moved or copied
+    (the adapter resolves such names against the checkpoint)."""
+    prefix = str(path) + "/"
+
+    def rel(value):
+        if isinstance(value, str) and value.startswith(prefix):
+            return value[len(prefix):]
+        if isinstance(value, dict):
+            return {k: rel(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [rel(v) for v in value]
+        return value
+
+    for name in ("config.json", "policy_preprocessor.json"):
+        file = path / name
+        file.write_text(json.dumps(rel(json.loads(file.read_text())), indent=4))
+
+
 def _stats(n: int) -> dict[str, torch.Tensor]:
     return {"mean": torch.zeros(n), "std": torch.ones(n), "min": -torch.ones(n), "max": torch.ones(n),
             "q01": -torch.ones(n), "q99": torch.ones(n)}
@@ -96,7 +117,7 @@ def save_smolvla(path: Path, N: int, M: int, cameras: dict[str, tuple[int, int, 
                  chunk_size: int = 8, n_action_steps: int | None = None, **kw) -> Path:
     """A random-init SmolVLA on a tiny local backbone (at ``path/vlm``), saved at ``path`` with
     the pre/post processors ``make_pre_post_processors`` builds for it (its tokenizer step
-    points at the local backbone)."""
+    points at the local backbone); both named relative to ``path``."""
     from lerobot.policies.factory import make_pre_post_processors  # noqa: PLC0415
 
     path = Path(path)
@@ -110,6 +131,7 @@ def save_smolvla(path: Path, N: int, M: int, cameras: dict[str, tuple[int, int, 
                    for n in cameras}
     _save("smolvla", cfg, path, {"observation.state": _stats(N), "action": _stats(M), **image_stats},
           make_pre_post_processors)
+    _relative_paths(path)
     return path
 
 
@@ -138,4 +160,5 @@ def save_pi(kind: str, path: Path, N: int, M: int, cameras: dict[str, tuple[int,
                   chunk_size=chunk_size, n_action_steps=chunk_size, num_inference_steps=2, **kw)
     with mock.patch.object(module, "TokenizerProcessorStep", local_tokenizer):
         _save(kind, cfg, path, {"observation.state": _stats(N), "action": _stats(M)}, make)
+    _relative_paths(path)
     return path

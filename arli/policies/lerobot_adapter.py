@@ -59,12 +59,36 @@ def _require_device(device: str) -> None:
                          f"{torch.__version__} sees no CUDA GPU); pass device=cpu or run on the GPU machine")
 
 
-def _has_device_step(path: str) -> bool:
+def _saved_steps(path: str) -> list[dict]:
     saved = os.path.join(path, "policy_preprocessor.json")
     if not os.path.exists(saved):
-        return False
+        return []
     with open(saved, encoding="utf-8") as fh:
-        return any(step.get("registry_name") == "device_processor" for step in json.load(fh).get("steps", []))
+        return json.load(fh).get("steps", [])
+
+
+def _inside(path: str, name: str | None) -> str | None:
+    """``name`` as a directory inside the checkpoint ``path`` (a relative name saved with it, such
+    as a local VLM backbone or tokenizer), or None when it is not one (a hub id, an absolute path)."""
+    if name and not os.path.isabs(name) and os.path.isdir(os.path.join(path, name)):
+        return os.path.join(path, name)
+    return None
+
+
+def _preprocessor_overrides(path: str, device: str) -> dict:
+    """Overrides for the saved pre-processor: inputs go where the model is, not where the
+    checkpoint was trained (its saved device step says cuda after training on a GPU), and a
+    tokenizer saved beside the checkpoint under a relative name is read from there."""
+    over = {}
+    for step in _saved_steps(path):
+        name = step.get("registry_name")
+        if name == "device_processor":
+            over[name] = {"device": device}
+        elif name == "tokenizer_processor":
+            local = _inside(path, (step.get("config") or {}).get("tokenizer_name"))
+            if local:
+                over[name] = {"tokenizer_name": local}
+    return over
 
 
 class LeRobotPolicyAdapter(BasePolicy):
@@ -77,17 +101,18 @@ class LeRobotPolicyAdapter(BasePolicy):
         if not os.path.exists(os.path.join(path, "config.json")):
             raise FileNotFoundError(f"no LeRobot policy at {path} (missing config.json)")
         cfg = PreTrainedConfig.from_pretrained(path)
+        local_vlm = _inside(path, getattr(cfg, "vlm_model_name", None))  # a backbone saved beside it
+        if local_vlm:
+            cfg.vlm_model_name = local_vlm
         require_model_dependencies(cfg.type, path)
         _require_device(device)
         cfg.device = device
         self.cfg = cfg
         self.policy = get_policy_class(cfg.type).from_pretrained(path, config=cfg)
         self.policy.eval()
-        # inputs go where the model is, not where the checkpoint was trained (its saved
-        # device step says cuda after training on a GPU)
-        over = {"preprocessor_overrides": {"device_processor": {"device": device}}} \
-            if _has_device_step(path) else {}
-        self.pre, self.post = make_pre_post_processors(cfg, pretrained_path=path, **over)
+        over = _preprocessor_overrides(path, device)
+        self.pre, self.post = make_pre_post_processors(cfg, pretrained_path=path,
+                                                       **({"preprocessor_overrides": over} if over else {}))
         self.task = task
         self.state_key = "observation.state"
         feats = cfg.input_features
