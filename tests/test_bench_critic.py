@@ -42,7 +42,7 @@ def test_a_candidate_is_judged_from_a_faithful_copy_of_the_episode():
     snaps = _snapshots(ft, "policy", [seed], every=20, limit=2)
     assert [s[1] for s in snaps] == [20, 40] or len(rewards) < 41
     picks = _candidates(ft, perturbations=2, sigma=0.5, rng=np.random.default_rng(0))
-    assert set(picks) == {"residual", "base", "expert", "perturbed_0", "perturbed_1"}
+    assert set(picks) == {"residual", "explored", "base", "expert", "perturbed_0", "perturbed_1"}
     for snap in snaps:
         rows = monte_carlo(ft, snap, picks, gamma)
         t = snap[1]
@@ -50,3 +50,6 @@ def test_a_candidate_is_judged_from_a_faithful_copy_of_the_episode():
         assert rows["residual"]["mc"] == pytest.approx(went_on_to, abs=1e-9)
         assert all(np.isfinite(v["q"]) for v in rows.values())
         assert not np.allclose(rows["perturbed_0"]["action"], rows["residual"]["action"])
+        # the executed action as training explores: the residual moved by the run's exploration noise
+        moved = np.abs(rows["explored"]["action"] - rows["residual"]["action"]).max()
+        assert 0 < moved <= 5 * cfg.run.learner.exploration_std * cfg.run.learner.residual_scale

@@ -3,7 +3,8 @@
 From states the run's residual visits (and states the scripted expert visits, as its
 demonstrations do), the whole sim episode — MuJoCo state, scheduler, requests in flight,
 the base's sampling generator — is copied, and K candidate residuals are tried from it: the
-residual's own ``r(s)``, zero (the base alone), the expert projected into the bound, and
+residual's own ``r(s)``, ``r(s)`` with one draw of the run's exploration noise (what training
+executed there), zero (the base alone), the expert projected into the bound, and
 ``perturbations`` random moves of ``r(s)``. Each candidate runs for one step and the run's
 residual continues (deterministic) to the episode's end: the discounted return is a
 Monte-Carlo Q(s, a). The critic's mean-head Q(s, a) of the same candidates is then judged by
@@ -64,17 +65,20 @@ class FirstStepForced(StepController):
 
 
 def _candidates(ft, perturbations: int, sigma: float, rng: np.random.Generator) -> dict:
-    """Candidate rules name -> pick(s, b, obs) -> r (m,): the residual, the base, the expert
-    projected into the bound, and fixed random moves of the residual (one draw per state)."""
+    """Candidate rules name -> pick(s, b, obs) -> r (m,): the residual, the residual with one
+    draw of the run's own exploration noise (an action as training executed it), the base, the
+    expert projected into the bound, and fixed random moves of the residual (one draw per state)."""
     learner, scale = ft.learner, ft.spec.learner.residual_scale
 
     def policy(s, b, obs):
         return (learner.act(s, b, explore=False) - b) / scale
 
-    picks = {"residual": policy, "base": lambda s, b, obs: np.zeros_like(b)}
+    m = ft.env.action_space.shape[0]
+    explore = (rng.standard_normal(m) * ft.spec.learner.exploration_std).astype(np.float32)
+    picks = {"residual": policy, "explored": lambda s, b, obs: policy(s, b, obs) + explore,
+             "base": lambda s, b, obs: np.zeros_like(b)}
     if ft.expert is not None:
         picks["expert"] = lambda s, b, obs: (np.asarray(ft.expert(obs.state), np.float32) - b) / scale
-    m = ft.env.action_space.shape[0]
     for k in range(perturbations):
         u = rng.standard_normal(m)
         u *= sigma / max(np.linalg.norm(u), 1e-9) * np.sqrt(m)  # sigma per entry, on average
