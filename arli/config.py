@@ -29,7 +29,7 @@ from arli.envs import EnvConfig
 from arli.errors import ConfigError, require
 from arli.latency import LatencyConfig
 from arli.policies.flow_config import FlowHyperparams
-from arli.rl.config import RunSpec
+from arli.rl.config import REPORTED_TEST_EPISODES, RunSpec
 from arli.transport.openpi_mapping import OpenPIConfig
 from arli.transport.zmq_io import TransportConfig
 from robot_drivers.franka.config import FrankaConfig
@@ -398,7 +398,7 @@ class LatencySweepConfig(SimBase):
     # training seeds no tuning run used (every setting was chosen on seeds 0-2): the sweep's
     # cells confirm the defaults instead of re-measuring the runs they were chosen on
     seeds: list[int] = field(default_factory=lambda: [10, 11, 12])
-    eval_episodes: int = 200  # test episodes per seed and cell (seeds run.test_seed ..), the same for every cell
+    eval_episodes: int = REPORTED_TEST_EPISODES  # test episodes per seed and cell (seeds run.test_seed ..), the same for every cell
     variants: list[str] = field(default_factory=lambda: list(DEFAULT_SWEEP_VARIANTS))
     workers: int = 2  # cell worker processes
     report_only: bool = False  # rebuild the report from the cache, run nothing

@@ -7,11 +7,14 @@ import logging
 import time
 
 
+LINES_PER_WINDOW, WINDOW_S = 20, 10.0  # a log's default budget of warning lines
+
+
 class RateLimitedLog:
     """``warn(fmt, *args)`` logs through ``logger`` at most ``per_window`` times per
     ``window_s`` seconds; ``suppressed`` counts every line held back (all windows)."""
 
-    def __init__(self, logger: logging.Logger, per_window: int = 20, window_s: float = 10.0):
+    def __init__(self, logger: logging.Logger, per_window: int = LINES_PER_WINDOW, window_s: float = WINDOW_S):
         self.logger, self.per_window, self.window_s = logger, per_window, window_s
         self.suppressed = 0
         self._start, self._logged, self._held = time.perf_counter(), 0, 0
@@ -33,6 +36,6 @@ class RateLimitedLog:
     def flush(self) -> None:
         """Say how many lines the window held back (once), so none is lost without a count."""
         if self._held:
-            self.logger.warning("%d more warnings like these in the last %.0f s were not logged",
-                                self._held, self.window_s)
+            self.logger.warning("%d more warnings like these were not logged (at most %d per %.0f s)",
+                                self._held, self.per_window, self.window_s)
             self._held = 0

@@ -109,10 +109,10 @@ def _real_robot_finetuner(cfg, name: str):
 
 
 def split_of(spec, seed_base: int, episodes: int, train: list[range]) -> str:
-    """Which seeds these are to the run: 'test' (within its test seeds), 'tune' (any of its
-    curve's, where its choices were made), 'train' (any of its demonstration and training
-    episodes), 'test+other' (some of its test seeds and seeds it never saw), else 'other'
-    (seeds the run never saw)."""
+    """Which seeds these are to the run: 'test' (within its test seeds), 'test+other' (some of
+    its test seeds and others), 'tune' (any of its curve's, where its choices were made),
+    'train' (any of its demonstration and training episodes), else 'other' (seeds the run
+    never saw)."""
     asked = range(seed_base, seed_base + episodes)
 
     def meets(r: range) -> bool:
@@ -121,8 +121,8 @@ def split_of(spec, seed_base: int, episodes: int, train: list[range]) -> str:
     test = spec.test_range()
     if test.start <= asked.start and asked.stop <= test.stop:
         return "test"
+    if meets(test):  # some test seeds among others: never a range to choose a setting on
+        return "test+other"
     if meets(spec.tune_range()):
         return "tune"
-    if any(meets(r) for r in train):
-        return "train"
-    return "test+other" if meets(test) else "other"
+    return "train" if any(meets(r) for r in train) else "other"

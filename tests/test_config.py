@@ -35,6 +35,7 @@ def test_defaults_and_overrides():
     ("finetune", "run.learner.actor_update=sac", "run.learner.actor_update"),
     ("finetune", "run.learner.q_filter=true", "run.learner.q_filter"),  # acts under actor_update=dpg only
     ("finetune", "run.learner.actor_update=select", "run.learner.gate_candidates"),  # needs candidates
+    ("finetune", "run.seed=1000", "run.seed"),  # each training seed has its own block of episode seeds
     ("finetune", "run.intervention.max_steps=-1", "run.intervention.max_steps"),
     ("record", "run.learner.tau=0", "run.learner.tau"),
     ("learner", "run.env_steps=0", "run.env_steps"),

@@ -141,6 +141,21 @@ def test_the_flow_policy_reads_every_camera_by_name():
         infer({"front": obs.images["front"]})
 
 
+def test_the_handshake_tells_the_robot_which_cameras_to_send():
+    """hello_ok carries the policy's cameras and their (h, w, 3) shapes; a state-only policy
+    names none."""
+    from arli.transport.codec import decode, encode
+
+    for policy, want in ((_flow(["front", "wrist"]), {"front": [24, 24, 3], "wrist": [24, 24, 3]}),
+                         (_flow([]), {})):
+        srv = InferenceServer(policy, "inproc://hello")
+        try:
+            reply = decode(srv.handle(encode("hello", role="robot")))
+            assert reply.kind == "hello_ok" and reply["meta"]["cameras"] == want
+        finally:
+            srv.close()
+
+
 def test_the_flow_policy_takes_the_request_instruction():
     policy = _flow([], instruction="insert the peg")
     state = np.linspace(-1, 1, 7).astype(np.float32)
@@ -171,7 +186,7 @@ def test_the_rtc_mask_spans_the_request_execute_horizon():
 def test_a_flood_of_bad_requests_is_answered_but_logs_a_bounded_number_of_lines(caplog):
     """Every bad request gets its error reply; the log takes at most its budget of lines per
     window and counts the rest (a misbehaving client cannot fill the disk)."""
-    from arli.runtime import server as server_module
+    from arli.logs import LINES_PER_WINDOW
     from arli.transport.codec import decode, encode_frames
 
     srv = InferenceServer(RecordingPolicy(), "inproc://flood")
@@ -184,7 +199,7 @@ def test_a_flood_of_bad_requests_is_answered_but_logs_a_bounded_number_of_lines(
             replies = [decode(srv.handle(frames)) for _ in range(200)]
         assert all(r.kind == "error" and r["code"] == "policy" for r in replies)
         logged = [r for r in caplog.records if "policy error" in r.getMessage()]
-        assert len(logged) == server_module.WARNINGS_PER_WINDOW
+        assert len(logged) == LINES_PER_WINDOW
         assert srv.stats["errors"] == 200 and srv.stats["warnings_suppressed"] == 200 - len(logged)
     finally:
         srv.close()

@@ -207,6 +207,7 @@ def test_eval_labels_the_seeds_by_what_the_run_did_with_them():
     assert split_of(spec, 10_010, 5, train) == "tune" and split_of(spec, 100_020, 10, train) == "train"
     assert split_of(spec, 7_000_000, 50, train) == "other"
     assert split_of(spec, 4_999_990, 20, train) == "test+other"  # partly the test seeds: not "never saw"
+    assert split_of(spec, 10_000, 5_000_000, train) == "test+other"  # tune, train and test seeds at once
     assert split_of(spec, 100_000_000 + 1_500, 10, [*train, range(100_001_000, 100_001_700)]) == "train"
 
 

@@ -34,7 +34,7 @@ from tqdm import tqdm
 from arli.bench.common import machine_info, print_last_line_json, success_plot, write_report
 from arli.config import DEFAULT_SWEEP_VARIANTS, LatencySweepConfig
 from arli.pretrain import ensure_base_policy
-from arli.stats import gain_ci, success_ci
+from arli.stats import gain_ci, success_ci, verdict
 
 BASE_VARIANTS = {"base_sync": "sync", "base_naive": "naive", "base_rtc": "rtc"}
 ALL, POSITIVE = "all", "positive"  # every delay of the sweep / every delay of the sweep > 0
@@ -216,8 +216,9 @@ def aggregate(rows: list[dict], cfg: LatencySweepConfig) -> list[dict]:
     if IDEAL in cfg.variants and _ideal_is_standard_d0(cfg):
         rows = [r for r in rows if r["variant"] != IDEAL]
         rows += [{**r, "variant": IDEAL} for r in rows if r["variant"] == "standard" and r["delay_steps"] == 0]
-    # the base alone in the residual's loop, per delay: a start with exactly its outcomes is the
-    # base (the start guard dropped an anchored start that was worse on the tune episodes)
+    # the base alone in the residual's loop, per delay: a start with exactly its outcomes on every
+    # test episode is, as far as the outcomes tell, the base (what the start guard leaves when it
+    # drops an anchored start worse on the tune episodes; the rows do not record its decision)
     base = base_variant(cfg.chunking.strategy)
     base_rows = {r["delay_steps"]: list(r["outcomes"]) for r in rows if r["variant"] == base}
     out = []
@@ -310,18 +311,26 @@ HOLDS, FAILS, UNRESOLVED, NOT_EVALUATED = "holds", "fails", "unresolved", "not e
 
 
 def at_least(ci: list[float], threshold: float) -> bool | None:
-    """The claim "quantity >= threshold" judged by the quantity's 95% interval: True when the
-    whole interval clears it, False when the whole interval is below it, None (unresolved)
-    when it straddles the threshold."""
-    lo, hi = ci
-    return True if lo >= threshold else (False if hi < threshold else None)
+    """The claim "quantity >= threshold" judged by the quantity's 95% interval
+    (``arli.stats.verdict``): True when the whole interval is above it, False when the whole
+    interval is below it, None (unresolved) when it straddles or touches the threshold."""
+    return {"above": True, "below": False, "unresolved": None}[verdict(tuple(ci), threshold)]
+
+
+def below(ci: list[float], threshold: float) -> bool | None:
+    """The claim "quantity < threshold", judged as ``at_least`` (its mirror)."""
+    flipped = at_least(ci, threshold)
+    return None if flipped is None else not flipped
 
 
 def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], strategy: str = "naive") -> list[dict]:
     """The issue's expected results, each judged by an interval: ``status`` is ``holds`` (the
     interval clears the claim), ``fails`` (the interval is entirely on the wrong side),
     ``unresolved`` (it straddles the claim's threshold) or ``not evaluated`` (a cell it needs is
-    missing); ``holds`` is True only for ``holds`` (None when not evaluated). ``delays``: the
+    missing); ``holds`` is True / False for the first two, None otherwise. The gain rule keeps
+    the issue's own wording (mean >= margin and the interval above 0; its values say whether
+    the interval's lower end clears the margin too); "not below the base" is a do-no-harm
+    rule that fails only where the interval shows harm. ``delays``: the
     sweep's delays (the rules "at every delay" run at these and at 0, 4 and 8). A partial
     cell (fewer training seeds than the sweep's) counts as missing: no verdict rests on it."""
     by = {(c["variant"], c["delay_steps"]): c for c in cells if c.get("complete", True)}
@@ -337,7 +346,7 @@ def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], strategy
         else:
             status = {True: HOLDS, False: FAILS, None: UNRESOLVED}[check()]
         out.append({"claim": claim, "family": family, "status": status,
-                    "holds": None if status == NOT_EVALUATED else status == HOLDS, "values": values})
+                    "holds": {HOLDS: True, FAILS: False}.get(status), "values": values})
 
     def versus(a: dict | None, b: dict | None) -> dict | None:
         return None if a is None or b is None else paired_difference(a, b)
@@ -353,14 +362,15 @@ def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], strategy
         c = by.get(("arli", d))
 
         def gain(c=c) -> bool | None:
-            if c["gain_mean"] >= MIN_GAIN and c["gain_ci95"][0] > 0:
+            if c["gain_mean"] >= MIN_GAIN and at_least(c["gain_ci95"], 0.0):
                 return True
-            return False if c["gain_ci95"][1] < MIN_GAIN else None
+            return False if at_least(c["gain_ci95"], MIN_GAIN) is False else None
 
-        rule(f"arli@{d} - start@{d} >= {MIN_GAIN:+.2f}, gain CI excludes 0 (fails: CI below {MIN_GAIN:+.2f})",
-             "gain_over_start", [c], gain,
+        rule(f"arli@{d} - start@{d} >= {MIN_GAIN:+.2f}, gain CI excludes 0 (the issue's rule; fails: CI below "
+             f"{MIN_GAIN:+.2f})", "gain_over_start", [c], gain,
              {f"arli@{d}": _mean(c), f"start@{d}": _get(c, "start_mean"), "gain": _get(c, "gain_mean"),
-              "gain_ci95": _get(c, "gain_ci95")})
+              "gain_ci95": _get(c, "gain_ci95"),
+              "ci_lower_clears_margin": None if c is None else bool(at_least(c["gain_ci95"], MIN_GAIN))})
     for control in CONTROLS:
         for d in (d for d in every if d > 0):
             a, b = by.get(("arli", d)), by.get((control, d))
@@ -386,7 +396,7 @@ def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], strategy
         a, b = by.get(("arli", d)), by.get((ablation, d))
         diff = versus(b, a)
         rule(f"{ablation}@{d} < arli@{d} (paired CI of {ablation} - arli below 0)", "ablations",
-             [diff], lambda x=diff: True if x["ci95"][1] < 0 else (False if x["ci95"][0] >= 0 else None),
+             [diff], lambda x=diff: below(x["ci95"], 0.0),
              {f"arli@{d}": _mean(a), f"{ablation}@{d}": _mean(b), "difference": _get(diff, "mean"),
               "difference_ci95": _get(diff, "ci95")})
     base = base_variant(strategy)
@@ -396,7 +406,7 @@ def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], strategy
         diff = versus(a, b)
         # do no harm: it fails only where the interval shows harm
         rule(f"arli@{d} not below {label}@{d} (paired CI of arli - base not entirely below 0)", "not_below_base",
-             [diff], lambda x=diff: not x["ci95"][1] < 0,
+             [diff], lambda x=diff: below(x["ci95"], 0.0) is not True,
              {f"arli@{d}": _mean(a), f"{base}@{d}": _mean(b), "difference": _get(diff, "mean"),
               "difference_ci95": _get(diff, "ci95")})
     return out
@@ -624,7 +634,7 @@ def markdown(p: dict, cfg: LatencySweepConfig) -> str:
         partial = "" if c["complete"] else " (partial: no verdict uses it)"
         start = "—" if c["start_mean"] is None else f"{c['start_mean']:.3f}{_ci(c.get('start_ci95'))}"
         if c.get("start_is_base_seeds"):
-            start += f" (= the base on seeds {c['start_is_base_seeds']})"
+            start += f" (= the base's outcomes on seeds {c['start_is_base_seeds']})"
         gain = "—" if c["gain_ci95"] is None else f"{c['gain_mean']:+.3f}{_ci(c['gain_ci95'], True)}"
         reached = "not reached" if c["steps_to_80"] is None else c["steps_to_80"]
         rows.append(f"| {c['variant']} | {c['delay_steps']} | {c['seeds']}{partial} | "
@@ -641,8 +651,9 @@ def markdown(p: dict, cfg: LatencySweepConfig) -> str:
         f"`{p['checkpoint_digest']}`: a base re-trained on another machine differs), async `{cfg.chunking.strategy}` "
         "switching for the residual variants. Success: mean over seeds x episodes with a 95% two-level "
         "bootstrap interval (training seeds, then episodes). Anchored start: the same run after anchor "
-        "pretraining, before any online step (\"= the base\": the start guard found the anchored start below "
-        "the base on the tune episodes and started RL from the base; its test outcomes are the base's); gain: "
+        "pretraining, before any online step (\"= the base's outcomes\": on those seeds the start's test "
+        "outcomes are the base's on every episode, as when the start guard drops an anchored start below the "
+        "base on the tune episodes and RL starts from the base; inferred from the outcomes); gain: "
         "final - start, paired on the same seeds and episodes. "
         "`bc_control`: the same learner with the critic's influence off (BC on the anchor rows, fading with "
         "the learner's anchor weight, after which the actor stops moving); `uniform_control`: AWR with every "

@@ -159,7 +159,7 @@ def main(cfg: FinetuneConfig) -> int:
     except LearnerDiverged as exc:
         writer.close()
         print(f"arli finetune: stopped: {exc}", file=sys.stderr)
-        return 3
+        return LearnerDiverged.exit_code
     train_s = time.time() - train_start
     ft.save(os.path.join(run_dir, "checkpoint"))
     final = ft.evaluate_test()

@@ -101,7 +101,7 @@ def learner_main(cfg: LearnerServiceConfig) -> int:
         service.run(progress=progress, stop=stop)
     except LearnerDiverged as exc:  # restarting from the same checkpoint would diverge again
         print(f"arli learner: stopped: {exc}", file=sys.stderr, flush=True)
-        return DIVERGED
+        return LearnerDiverged.exit_code
     finally:
         service.close()
     if stop.is_set():
@@ -145,8 +145,9 @@ def actor_main(cfg: ActorConfig) -> int:
     print(f"arli actor {cfg.actor_id}: server {served} (H={inference.chunk_size}), learner {cfg.transport.learner}",
           flush=True)
     os.makedirs(cfg.output_dir, exist_ok=True)
-    # episode seeds disjoint from demos (0..), evaluation (10_000..) and in-process training
-    # (100_000..); a stable hash of the actor id keeps them reproducible across restarts
+    # episode seeds outside the tune (10_000..) and test (5_000_000..) seeds, 10_000 apart per
+    # actor (this run's training episodes); a stable hash of the actor id keeps them
+    # reproducible across restarts
     base_seed = 200_000 + 10_000 * (zlib.crc32(cfg.actor_id.encode()) % 50) + 1000 * cfg.seed
 
     def on_episode(stats, result, ctl) -> None:
@@ -284,7 +285,6 @@ def launch_commands(cfg: LaunchConfig) -> dict[str, list[str]]:
 
 
 ACTORLESS_GRACE_S = 900.0  # the learner's final evaluation may run this long after its actors stopped
-DIVERGED = 3  # exit code of a learner whose critic diverged (as `arli finetune`'s)
 RESTART_BACKOFF_S = (1.0, 2.0, 4.0, 8.0)  # wait before the n-th restart of a process (then the last)
 
 
@@ -294,7 +294,9 @@ def launch_main(cfg: LaunchConfig) -> int:
     wait for the learner to finish; stop the rest."""
     from arli.config import PretrainConfig  # noqa: PLC0415
     from arli.pretrain import ensure_base_policy  # noqa: PLC0415
+    from arli.rl.learner import LearnerDiverged  # noqa: PLC0415
 
+    diverged = LearnerDiverged.exit_code
     os.makedirs(cfg.output_dir, exist_ok=True)
     ensure_base_policy(cfg.checkpoint, PretrainConfig(env=cfg.env), cfg.env)  # once, not in two processes
     procs: dict[str, subprocess.Popen] = {}
@@ -319,10 +321,10 @@ def launch_main(cfg: LaunchConfig) -> int:
                 if code == 2:  # a config or input error: the same command fails the same way again
                     print(f"arli launch: {name} refused its settings (see {cfg.output_dir}/{name}.log)", flush=True)
                     return 2
-                if name == "learner" and code == DIVERGED:  # its checkpoint would diverge the same way
+                if name == "learner" and code == diverged:  # its checkpoint would diverge the same way
                     print(f"arli launch: the learner's critic diverged; not restarted (see "
                           f"{cfg.output_dir}/learner.log; its last good checkpoint is kept)", flush=True)
-                    return DIVERGED
+                    return diverged
                 if restarts[name] >= cfg.restarts:
                     print(f"arli launch: {name} exited with {code} after {restarts[name]} restarts; giving up",
                           flush=True)

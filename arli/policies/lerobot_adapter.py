@@ -178,7 +178,8 @@ class LeRobotPolicyAdapter(BasePolicy):
     def _in_range(self, actions: np.ndarray, committed_prefix: np.ndarray | None) -> np.ndarray:
         """A chunk (H, m) in the runtime's [-1, 1] action space, the prefix in its first slots;
         actions beyond the range are counted and reported (at most once a minute), then clipped."""
-        peak = float(np.abs(actions).max()) if actions.size else 0.0
+        k = 0 if committed_prefix is None else min(len(committed_prefix), len(actions))
+        peak = float(np.abs(actions[k:]).max()) if actions[k:].size else 0.0  # the prefix slots never run
         if peak > 1.0 + ACTION_RANGE_TOLERANCE:
             self.clipped_chunks += 1
             self._log.warn("the policy's actions reach |a| = %.3f, outside the runtime's [-1, 1] action space; "

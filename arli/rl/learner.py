@@ -47,6 +47,8 @@ from arli.types import SOURCES
 class LearnerDiverged(RuntimeError):
     """A non-finite loss or a Q value outside the reachable range: training must stop."""
 
+    exit_code = 3  # what a command stops with: a supervisor does not restart it (same checkpoint, same end)
+
 
 def anchor_term(action: torch.Tensor, anchor_action: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Weighted mean squared distance (summed over action dims) between executed actions

@@ -30,7 +30,6 @@ from arli.transport.zmq_io import CurveConfig, bind_socket, stop_auth
 from arli.types import Observation, PolicyRequest
 
 log = logging.getLogger("arli.serve")
-WARNINGS_PER_WINDOW, WARNING_WINDOW_S = 20, 10.0  # the log's budget for policy-error lines
 
 
 def _images(value, where: str) -> dict[str, np.ndarray]:
@@ -91,7 +90,7 @@ class InferenceServer:
         self.stats = {"requests": 0, "errors": 0, "warnings_suppressed": 0, "batches": 0, "batched_requests": 0,
                       "clients": set()}
         # a client that floods bad requests gets every error reply, but cannot fill the log
-        self._log = RateLimitedLog(log, WARNINGS_PER_WINDOW, WARNING_WINDOW_S)
+        self._log = RateLimitedLog(log)
 
     # -- messages ----------------------------------------------------------------------
     def handle(self, frame) -> bytes:
