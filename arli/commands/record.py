@@ -74,6 +74,8 @@ def main(cfg: RecordConfig) -> int:
         first = recorder.total_episodes
         bar = tqdm(range(cfg.episodes), desc=f"record {name} d={delay}", unit="ep")
         for i in bar:
+            # inside the training episodes' block (never a tune or test seed); a recording of
+            # record seed k shares seeds with training seed 50 + k's episodes only
             seed = TRAIN_SEED_BASE + 50_000 + 1000 * cfg.seed + first + i
             run_episode(ft.env, ft.base, ft.scheduler, ft.latency, ft.rng, seed, rec)
             s = rec.summaries[-1]
