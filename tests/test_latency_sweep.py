@@ -15,7 +15,7 @@ ARGS = ["env=pick_cube", "checkpoint=expert", "budget=150", "seeds=[0,1]", "dela
         "variants=[base_naive,arli,standard_d0,bc_control,uniform_control,anchor_only,ceiling]", "eval_episodes=2",
         "workers=1", "run.anchor_episodes=1", "run.learn_after=50", "run.learner.hidden=32",
         "run.learner.critic_hidden=32", "run.learner.batch_size=32", "run.learner.critic_warmup_updates=10",
-        "run.learner.pretrain_updates=10"]
+        "run.learner.pretrain_updates=10", "run.eval_episodes=2"]  # curve and start guard on 2 tune episodes: a test
 REQUIRED_CELL = {"variant", "delay_steps", "seeds", "success_mean", "ci95", "start_mean", "gain_ci95"}
 
 

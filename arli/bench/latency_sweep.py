@@ -205,7 +205,10 @@ def _bits(outcomes) -> str:
 
 
 def _code_digest(sources: dict | None) -> str | None:
-    return None if not sources else hashlib.sha1(json.dumps(sources, sort_keys=True).encode()).hexdigest()[:12]
+    """Digest of the code files a cell's result can depend on (report-only files left out, as
+    the cache check leaves them out)."""
+    code = {k: v for k, v in (sources or {}).items() if not k.startswith(REPORT_ONLY_SOURCES)}
+    return hashlib.sha1(json.dumps(code, sort_keys=True).encode()).hexdigest()[:12] if code else None
 
 
 def aggregate(rows: list[dict], cfg: LatencySweepConfig) -> list[dict]:
