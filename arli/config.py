@@ -523,6 +523,7 @@ class BenchCriticConfig:
     perturb_scale: float = 0.5  # their size per action entry, in residual units
     seed_base: int | None = None  # roll-in episode seeds; null = the run's tune seeds
     seed: int = 0  # the perturbations' draws
+    workers: int = 1  # runs judged in parallel processes (one torch thread each)
     name: str = ""  # the report: reports/<name>.*; "" = critic_<task>
     json: bool = False
     report_dir: str = "reports"
@@ -530,7 +531,7 @@ class BenchCriticConfig:
     def validate(self) -> None:
         require(all(isinstance(r, str) and r for r in self.runs), "runs",
                 "a list of `arli finetune` run directories", self.runs)
-        for name in ("episodes", "every", "states"):
+        for name in ("episodes", "every", "states", "workers"):
             require(getattr(self, name) >= 1, name, ">= 1", getattr(self, name))
         require(self.perturbations >= 0, "perturbations", ">= 0", self.perturbations)
         require(self.perturb_scale > 0, "perturb_scale", "> 0", self.perturb_scale)

@@ -53,3 +53,18 @@ def test_a_candidate_is_judged_from_a_faithful_copy_of_the_episode():
         # the executed action as training explores: the residual moved by the run's exploration noise
         moved = np.abs(rows["explored"]["action"] - rows["residual"]["action"]).max()
         assert 0 < moved <= 5 * cfg.run.learner.exploration_std * cfg.run.learner.residual_scale
+
+
+def test_runs_judged_in_parallel_come_back_in_the_order_asked(monkeypatch):
+    import time
+
+    import arli.bench.critic as critic
+    from arli.config import BenchCriticConfig
+
+    def fake_judge(run_dir, cfg, bar=None):  # the first run finishes last
+        time.sleep(0.6 if run_dir == "a" else 0.05)
+        return {"run": run_dir}
+
+    monkeypatch.setattr(critic, "judge_run", fake_judge)  # forked workers inherit the patch
+    cfg = BenchCriticConfig(runs=["a", "b", "c"], workers=2)
+    assert [r["run"] for r in critic.judge_runs(cfg, sources=2)] == ["a", "b", "c"]

@@ -34,3 +34,17 @@ def test_rounds_that_do_not_divide_the_requests_are_refused_in_one_line(tmp_path
                           f"report_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "rounds: expected between 1 and requests, dividing requests" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "transport.json").exists()
+
+
+def test_the_breakdown_takes_the_stub_compute_off_the_wait_and_compares_part_by_part():
+    from arli.bench.transport import breakdown_us
+
+    n = 101
+    floor = np.column_stack([np.full(n, 10e-6), np.full(n, 5e-3 + 100e-6), np.full(n, 5e-6), np.zeros(n)])
+    ours = np.column_stack([np.linspace(15e-6, 25e-6, n), np.full(n, 5e-3 + 160e-6), np.full(n, 9e-6),
+                            np.full(n, 12e-6)])
+    b = breakdown_us(floor, ours, compute_ms=5.0)
+    assert abs(b["floor"]["wait"] - 100) < 1e-6 and abs(b["ours"]["wait"] - 160) < 1e-6
+    assert abs(b["ours"]["send"] - 20) < 1e-6  # the median, not the mean of a skewed part
+    assert abs(b["ours_minus_floor"]["receive"] - 4) < 1e-6 and abs(b["ours"]["server_pre"] - 12) < 1e-6
+    assert "server_pre" not in b["floor"] and "server_pre" not in b["ours_minus_floor"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import numpy as np
 from tqdm import tqdm
@@ -175,7 +176,9 @@ def ranking(states: list[dict], tol: float = 1e-6) -> dict:
     return out
 
 
-def judge_run(run_dir: str, cfg: BenchCriticConfig, bar) -> dict:
+def judge_run(run_dir: str, cfg: BenchCriticConfig, bar=None) -> dict:
+    """One run's critic against Monte-Carlo returns on its own states; ``bar`` (optional)
+    advances by one per judged state."""
     from arli.runs import load_run_config, make_finetuner  # noqa: PLC0415
 
     run_cfg = load_run_config(run_dir)
@@ -194,7 +197,8 @@ def judge_run(run_dir: str, cfg: BenchCriticConfig, bar) -> dict:
             phase = PHASES[min(int(3 * snap[1] / T), 2)]
             states.append({"source": source, "phase": phase, "t": snap[1], "seed": snap[2],
                            "candidates": {k: {"mc": v["mc"], "q": v["q"]} for k, v in rows.items()}})
-            bar.update(1)
+            if bar is not None:
+                bar.update(1)
     cands = [s["candidates"] for s in states]
     by = {"source": {}, "phase": {}}
     for key, values in (("source", sources), ("phase", PHASES)):
@@ -218,6 +222,27 @@ def _fmt(x, spec=".2f") -> str:
     return "—" if x is None else format(x, spec)
 
 
+def _judge_alone(run_dir: str, cfg: BenchCriticConfig) -> dict:
+    """``judge_run`` in a worker process, on one torch thread."""
+    import torch  # noqa: PLC0415
+
+    torch.set_num_threads(1)
+    return judge_run(run_dir, cfg)
+
+
+def judge_runs(cfg: BenchCriticConfig, sources: int) -> list[dict]:
+    """Every run of ``cfg.runs`` judged, ``cfg.workers`` at a time, in ``cfg.runs``' order."""
+    if cfg.workers == 1 or len(cfg.runs) == 1:
+        with tqdm(total=len(cfg.runs) * sources * cfg.states, desc="states", unit="state", mininterval=1.0) as bar:
+            return [judge_run(run, cfg, bar) for run in cfg.runs]
+    results: dict[str, dict] = {}
+    with ProcessPoolExecutor(min(cfg.workers, len(cfg.runs))) as pool:
+        futures = {pool.submit(_judge_alone, run, cfg): run for run in cfg.runs}
+        for fut in tqdm(as_completed(futures), total=len(futures), desc="runs judged", unit="run"):
+            results[futures[fut]] = fut.result()
+    return [results[run] for run in cfg.runs]
+
+
 def main(cfg: BenchCriticConfig) -> int:
     import torch  # noqa: PLC0415
 
@@ -228,8 +253,7 @@ def main(cfg: BenchCriticConfig) -> int:
                           "'runs=[outputs/finetune_peg_insert_arli_d8_<time>]'")
     torch.set_num_threads(1)
     sources = 2  # at most: the residual's states and the expert's
-    with tqdm(total=len(cfg.runs) * sources * cfg.states, desc="states", unit="state", mininterval=1.0) as bar:
-        results = [judge_run(run, cfg, bar) for run in cfg.runs]
+    results = judge_runs(cfg, sources)
     name = cfg.name or f"critic_{results[0]['env']}"
     payload = {"runs": results, "every": cfg.every, "perturbations": cfg.perturbations,
                "perturb_scale": cfg.perturb_scale, "machine": machine_info()}
