@@ -41,8 +41,9 @@ def test_the_breakdown_takes_the_stub_compute_off_the_wait_and_compares_part_by_
 
     n = 101
     floor = np.column_stack([np.full(n, 10e-6), np.full(n, 5e-3 + 100e-6), np.full(n, 5e-6), np.zeros(n)])
-    ours = np.column_stack([np.linspace(15e-6, 25e-6, n), np.full(n, 5e-3 + 160e-6), np.full(n, 9e-6),
-                            np.full(n, 12e-6)])
+    skewed = np.full(n, 20e-6)
+    skewed[-10:] = 2e-3  # a few slow sends: the mean moves to ~218 µs, the median stays at 20
+    ours = np.column_stack([skewed, np.full(n, 5e-3 + 160e-6), np.full(n, 9e-6), np.full(n, 12e-6)])
     b = breakdown_us(floor, ours, compute_ms=5.0)
     assert abs(b["floor"]["wait"] - 100) < 1e-6 and abs(b["ours"]["wait"] - 160) < 1e-6
     assert abs(b["ours"]["send"] - 20) < 1e-6  # the median, not the mean of a skewed part

@@ -172,3 +172,19 @@ def test_fuzz_decoder_only_raises_protocol_errors(base, seed):
         # loaded 2-core VM (0.51 s was seen once there on a legitimate frame)
         assert time.thread_time() - start < 2.0, "decoder hung on a frame"
         frame = mutate(frame, rng) if rng.random() < 0.8 else mutate(rng.choice(SEEDS), rng)
+
+
+def test_cached_array_headers_keep_each_frame_index_and_survive_the_cache_clear():
+    from arli.transport.codec import decode, encode, encode_frames
+
+    a = np.arange(224 * 224 * 3, dtype=np.uint8).reshape(224, 224, 3)
+    b = a[::-1].copy()  # same dtype and shape, its own frame: the cached header must not reuse frame 0
+    for _ in range(2):  # the second pass reads every header from the cache
+        msg = decode(encode_frames("infer", request_id=1, t0=0, capture_ts=0.0, state=np.zeros(3, np.float32),
+                                   images={"front": a, "wrist": b}, delay_steps=0))
+        np.testing.assert_array_equal(msg["images"]["front"], a)
+        np.testing.assert_array_equal(msg["images"]["wrist"], b)
+    for k in range(1, 700):  # more shapes than the cache holds: it is cleared and refilled, never wrong
+        x = np.full((k, 2), k, np.float32)
+        out = decode(encode("chunk", request_id=k, actions=x, timing={}))
+        assert out["actions"].shape == (k, 2) and float(out["actions"][0, 0]) == k
