@@ -68,3 +68,19 @@ def test_runs_judged_in_parallel_come_back_in_the_order_asked(monkeypatch):
     monkeypatch.setattr(critic, "judge_run", fake_judge)  # forked workers inherit the patch
     cfg = BenchCriticConfig(runs=["a", "b", "c"], workers=2)
     assert [r["run"] for r in critic.judge_runs(cfg, sources=2)] == ["a", "b", "c"]
+
+
+def test_a_run_that_fails_in_a_worker_is_named(monkeypatch):
+    import pytest
+
+    import arli.bench.critic as critic
+    from arli.config import BenchCriticConfig
+
+    def fake_judge(run_dir, cfg, bar=None):
+        if run_dir == "broken":
+            raise FileNotFoundError("no checkpoint/ in broken")
+        return {"run": run_dir}
+
+    monkeypatch.setattr(critic, "judge_run", fake_judge)
+    with pytest.raises(RuntimeError, match="judging broken failed: FileNotFoundError"):
+        critic.judge_runs(BenchCriticConfig(runs=["a", "broken"], workers=2), sources=2)

@@ -49,3 +49,27 @@ def test_the_breakdown_takes_the_stub_compute_off_the_wait_and_compares_part_by_
     assert abs(b["ours"]["send"] - 20) < 1e-6  # the median, not the mean of a skewed part
     assert abs(b["ours_minus_floor"]["receive"] - 4) < 1e-6 and abs(b["ours"]["server_pre"] - 12) < 1e-6
     assert "server_pre" not in b["floor"] and "server_pre" not in b["ours_minus_floor"]
+
+
+def test_each_round_trip_is_split_in_order_over_real_sockets(tmp_path):
+    """Against the real stub server (a ZeroMQ ROUTER in its own process, 3 ms of compute):
+    send, wait and receive add up to the round trip, the wait holds the compute, and the
+    server's decode comes back from the reply's timing, inside the wait."""
+    from arli.bench.transport import Ours, _free_port, _start, pause_s
+
+    port = _free_port()
+    proc = _start("ours", port, 3.0, cwd=str(tmp_path))
+    client = Ours(port, cameras=2)
+    try:
+        took = [client.once(i) for i in range(20)]
+    finally:
+        client.close()
+        proc.kill()
+        proc.wait()
+    parts = np.asarray(client.parts)
+    assert parts.shape == (20, 4)
+    np.testing.assert_allclose(parts[:, :3].sum(axis=1), took, rtol=0, atol=1e-6)
+    assert (parts[:, 1] >= 3e-3).all()  # the wait, not the send or the receive, holds the compute
+    assert (parts[:, 0] < 3e-3).all() and (parts[:, 2] < 3e-3).all()
+    assert ((parts[:, 3] > 0) & (parts[:, 3] < parts[:, 1])).all()
+    assert abs(pause_s(5.0) - 0.0035) < 1e-12 and pause_s(1.0) == 0.0  # the stub's sleep, never negative

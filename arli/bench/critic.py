@@ -239,7 +239,12 @@ def judge_runs(cfg: BenchCriticConfig, sources: int) -> list[dict]:
     with ProcessPoolExecutor(min(cfg.workers, len(cfg.runs))) as pool:
         futures = {pool.submit(_judge_alone, run, cfg): run for run in cfg.runs}
         for fut in tqdm(as_completed(futures), total=len(futures), desc="runs judged", unit="run"):
-            results[futures[fut]] = fut.result()
+            try:
+                results[futures[fut]] = fut.result()
+            except Exception as exc:  # say which run, and do not judge the rest for nothing
+                for other in futures:
+                    other.cancel()
+                raise RuntimeError(f"runs: judging {futures[fut]} failed: {type(exc).__name__}: {exc}") from exc
     return [results[run] for run in cfg.runs]
 
 

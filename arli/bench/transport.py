@@ -205,15 +205,22 @@ def measure(cfg: BenchTransportConfig, scratch: str) -> tuple[dict[str, np.ndarr
     return {row: (np.asarray(v) - cfg.compute_ms / 1000) * 1000 for row, v in out.items()}, parts
 
 
-COLD_PAUSE_S = 0.0035  # a spin as long as the stub's sleep: what each call follows in a round trip
-COLD_CALLS = 300
+COLD_CALLS = 300  # calls timed after a pause, per piece
 
 
-def codec_cost_us(cameras: int = 2, n: int = 2000) -> dict[str, float]:
+def pause_s(compute_ms: float) -> float:
+    """How long each piece waits before its timed call in ``codec_cost_us``: the stub's sleep
+    (its compute less the spun margin), what our code follows in a round trip."""
+    from arli.bench.stub_servers import SPIN_MARGIN_S  # noqa: PLC0415
+
+    return max(0.0, compute_ms / 1000 - SPIN_MARGIN_S)
+
+
+def codec_cost_us(pause: float, cameras: int = 2, n: int = 2000) -> dict[str, float]:
     """Our code's share of a round trip, in-process (µs per request): what the client's encode +
     decode and the server's ``handle`` (decode, typed request, stub policy, reply encode) cost,
-    back to back (warm), and each call's median after a COLD_PAUSE_S spin (``after_pause_p50``:
-    the same code with what a pause between requests does to this CPU's caches)."""
+    back to back (warm), and each call's median after a ``pause``-second spin (``after_pause_p50``:
+    the same code after a pause, as between requests)."""
     from arli.bench.stub_servers import StubPolicy  # noqa: PLC0415
     from arli.runtime.server import InferenceServer, policy_request  # noqa: PLC0415
     from arli.transport.codec import decode, encode_frames  # noqa: PLC0415
@@ -243,7 +250,7 @@ def codec_cost_us(cameras: int = 2, n: int = 2000) -> dict[str, float]:
             tails[name] = {"p50": float(np.percentile(each, 50) * 1e6), "p99": float(np.percentile(each, 99) * 1e6)}
             cold_each = np.empty(COLD_CALLS)
             for i in range(COLD_CALLS):  # as in a round trip: the same call after the stub's compute
-                busy_until = time.perf_counter() + COLD_PAUSE_S
+                busy_until = time.perf_counter() + pause
                 while time.perf_counter() < busy_until:
                     pass
                 t = time.perf_counter()
@@ -337,7 +344,8 @@ def main(cfg: BenchTransportConfig) -> int:
     targets = {"ours_p50 / floor_p50 <= 1.5": result["ours_over_floor_p50"] <= 1.5,
                "ours_p99 / floor_p99 <= 1.5": result["ours_over_floor_p99"] <= 1.5,
                "lerobot_p50 / ours_p50 >= 20": result["ratio_p50"] >= 20}
-    codec = codec_cost_us(2)
+    pause = pause_s(cfg.compute_ms)
+    codec = codec_cost_us(pause, cameras=2)
     breakdown = {pair: breakdown_us(parts[floor], parts[ours], cfg.compute_ms)
                  for pair, (floor, ours) in {"two_cameras": ("floor", "ours"),
                                              "three_cameras": ("floor_3cam", "ours_3cam")}.items()}
@@ -346,11 +354,11 @@ def main(cfg: BenchTransportConfig) -> int:
                "stub_compute": cfg.stub_compute, "codec_us": codec, "breakdown_us": breakdown,
                "observation": "2 x (224, 224, 3) uint8 + (8,) float32 (three_cameras: 3 x)", "chunk": [50, 7],
                "machine": machine_info()}
-    parts = ("client_encode", "server_handle", "client_decode")
+    pieces = ("client_encode", "server_handle", "client_decode")
     two = breakdown["two_cameras"]
     accounted = two["ours_minus_floor"]["send"] + two["ours_minus_floor"]["receive"] + two["ours"]["server_pre"]
-    ours_code_ms = sum(codec[k] for k in parts) / 1000
-    ours_code_p99_us = sum(codec["per_call"][k]["p99"] for k in parts)
+    ours_code_ms = sum(codec[k] for k in pieces) / 1000
+    ours_code_p99_us = sum(codec["per_call"][k]["p99"] for k in pieces)
     gap_ms = result["ours_p50_ms"] - result["floor_p50_ms"]
     md = ["# Transport: chunk round-trip overhead on loopback", "",
           f"`arli bench transport` — {cfg.requests} requests per row after {cfg.warmup} warm-up, the rows "
@@ -389,8 +397,8 @@ def main(cfg: BenchTransportConfig) -> int:
           f"{codec['client_decode']:.1f}. In the round trip the same code runs after a wait: the server's decode "
           f"+ typed request takes {two['ours']['server_pre']:.0f} µs there (table below), "
           f"{two['ours']['server_pre'] / codec['server_decode']:.1f}x its tight-loop time. In-process, each piece "
-          f"called after a {COLD_PAUSE_S * 1000:.1f} ms spin instead of back to back costs (median µs, noisy) "
-          + ", ".join(f"{k} {codec['after_pause_p50'][k]:.0f}" for k in (*parts, "server_decode"))
+          f"called after a {pause * 1000:.1f} ms spin instead of back to back costs (median µs, noisy) "
+          + ", ".join(f"{k} {codec['after_pause_p50'][k]:.0f}" for k in (*pieces, "server_decode"))
           + ". So most of the overhead over the floor is our Python code running slower between requests than "
           "back to back (cold caches, clock or wake-up effects: not told apart here), not bytes on the wire; the "
           "floor runs almost no Python between receive and send. The table's parts account for "
@@ -406,7 +414,7 @@ def main(cfg: BenchTransportConfig) -> int:
           f"At p99: ours is {abs(result['ours_p99_ms'] - result['floor_p99_ms']) * 1000:.0f} µs "
           f"{'above' if result['ours_p99_ms'] >= result['floor_p99_ms'] else 'below'} the floor, and "
           f"the sum of our three pieces' own p99s (each call timed alone, in-process) is {ours_code_p99_us:.0f} µs "
-          "(" + ", ".join(f"{k} {codec['per_call'][k]['p99']:.1f}" for k in parts) + "): what the code adds to the "
+          "(" + ", ".join(f"{k} {codec['per_call'][k]['p99']:.1f}" for k in pieces) + "): what the code adds to the "
           "tail is at most that; "
           + ("the rest of the p99 gap is the round trip's time in the kernel, ZeroMQ's I/O threads and scheduling, "
              "where the three processes of a round trip meet this VM's tail." if result["ours_p99_ms"] >= result["floor_p99_ms"]
