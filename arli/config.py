@@ -29,7 +29,7 @@ from arli.envs import EnvConfig
 from arli.errors import ConfigError, require
 from arli.latency import LatencyConfig
 from arli.policies.flow_config import FlowHyperparams
-from arli.rl.config import REPORTED_TEST_EPISODES, RunSpec
+from arli.rl.config import DEMONSTRATIONS, REPORTED_TEST_EPISODES, RunSpec
 from arli.transport.openpi_mapping import OpenPIConfig
 from arli.transport.zmq_io import TransportConfig
 from robot_drivers.franka.config import FrankaConfig
@@ -433,13 +433,16 @@ class BenchAnchorStartConfig(SimBase):
     against the pretraining's learning rate and number of updates."""
 
     run: RunSpec = field(default_factory=RunSpec)  # anchor data and learner settings
-    # the defaults are reports/anchor_start.md's settings (about 10 min on 2 cores)
+    # the defaults are reports/anchor_start.md's settings (about 10 min on 2 cores), which ran
+    # before run.demonstrations existed: add run.demonstrations=expert to reproduce it
     delay_steps: list[int] = field(default_factory=lambda: [4])
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     pretrain_lrs: list[float] = field(default_factory=lambda: [1e-3, 1e-4])
     updates: list[int] = field(default_factory=lambda: [0, 1000, 2000])
+    # how the demonstrator acts, one point set per entry (empty: run.demonstrations alone)
+    demonstrations: list[str] = field(default_factory=list)
     eval_episodes: int = 100  # per point, on the latency sweep's evaluation seeds
-    workers: int = 2  # (delay, seed) pairs run in parallel processes
+    workers: int = 2  # (delay, seed, demonstrations) triples run in parallel processes
     json: bool = False
     report_dir: str = "reports"
 
@@ -454,7 +457,14 @@ class BenchAnchorStartConfig(SimBase):
                 "a non-empty list of learning rates > 0", self.pretrain_lrs)
         require(len(self.updates) >= 1 and all(u >= 0 for u in self.updates), "updates",
                 "a non-empty list of update counts >= 0", self.updates)
+        require(set(self.demonstrations) <= set(DEMONSTRATIONS)
+                and len(set(self.demonstrations)) == len(self.demonstrations), "demonstrations",
+                f"a list of distinct entries of {DEMONSTRATIONS} (empty: run.demonstrations)", self.demonstrations)
         _positive(self, "eval_episodes", "workers")
+
+    def demonstration_modes(self) -> list[str]:
+        """The demonstrators compared: ``demonstrations``, or ``run.demonstrations`` alone."""
+        return list(self.demonstrations) or [self.run.demonstrations]
 
 
 @dataclass
@@ -486,11 +496,15 @@ class BenchRunsConfig:
     """``arli bench runs``: finetune runs of one setting on several training seeds, pooled."""
 
     runs: list[str] = field(default_factory=list)  # `arli finetune` output directories
+    # runs of the control setting, one per run (same training seeds, in order): paired differences
+    reference: list[str] = field(default_factory=list)
     name: str = "runs"  # the report: reports/<name>.{json,md}
     report_dir: str = "reports"
 
     def validate(self) -> None:
         require(all(isinstance(r, str) and r for r in self.runs), "runs", "a list of run directories", self.runs)
+        require(all(isinstance(r, str) and r for r in self.reference), "reference",
+                "a list of run directories (one per run, same training seeds)", self.reference)
 
 
 @dataclass

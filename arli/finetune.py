@@ -122,7 +122,8 @@ class Finetuner:
     # -- data ----------------------------------------------------------------------------
     def collect_anchor(self) -> int:
         """Demonstrations into anchor replay: the expert acts for whole episodes inside the
-        asynchronous loop, so every row's base action, committed block and timing are the
+        asynchronous loop (``run.demonstrations=bounded``: within the residual's reach of the
+        running base), so every row's base action, committed block and timing are the
         scheduler's own (base actions relabelled). They are not online steps: no updates, no
         budget. Returns the anchor transitions collected."""
         if self.spec.anchor_episodes and self.expert is None:
@@ -133,7 +134,9 @@ class Finetuner:
                                   intervention=Intervention(self.expert, InterventionSpec(prob=1.0, after=0,
                                                                                           mode="takeover"))
                                   if self.expert is not None else None,
-                                  rng=self.controller.rng, source=DEMO)
+                                  rng=self.controller.rng, source=DEMO,
+                                  intervention_reach=self.learner.cfg.residual_scale
+                                  if self.spec.demonstrations == "bounded" else None)
         for _ in range(self.spec.anchor_episodes):
             episode = self._episode(demo)
             while not episode.done:
@@ -315,6 +318,7 @@ class Finetuner:
             "episode_log": self.episode_log,
             "takeovers": ctl.takeovers, "format": CHECKPOINT_FORMAT,
             "max_delay": self.max_delay,  # the residual's state and chunks are those of this delay
+            "demonstrations": self.spec.demonstrations,  # how its anchor data were collected
             "start_record": self.start_record,
             "unstable_episodes": self.unstable_episodes,
         }, state_path + ".tmp")
@@ -339,6 +343,11 @@ class Finetuner:
             # checked before anything is loaded: a refused checkpoint leaves this run untouched
             raise InputError(f"{path} was trained with the scheduler planning d = {trained} control steps; "
                              f"this run plans d = {self.max_delay}: pass delay_steps={trained} to use it")
+        # its anchor replay is not collected again: the config must say how it was
+        demos = state.get("demonstrations", "expert")  # checkpoints from before the setting: the expert's own
+        if demos != self.spec.demonstrations:
+            raise InputError(f"{path} holds anchor data collected with run.demonstrations={demos}; this run says "
+                             f"{self.spec.demonstrations}: pass run.demonstrations={demos} to resume it")
         self.trainer.load_state_dict(state["trainer"])
         self.rng.bit_generator.state = state["rng"]
         ctl = self.controller

@@ -48,3 +48,11 @@ def test_points_average_over_seeds_per_delay_lr_and_updates():
     points = {(p["delay_steps"], p["updates"]): p for p in aggregate(rows)}
     assert abs(points[(4, 500)]["success_mean"] - 0.9) < 1e-9 and points[(4, 500)]["per_seed"] == {0: 0.8, 1: 0.9, 2: 1.0}
     assert points[(0, 500)]["success_mean"] == 0.5 and points[(0, 500)]["success_std"] == 0.0
+
+
+def test_points_are_kept_apart_per_demonstrator():
+    rows = [{"delay_steps": 8, "seed": s, "demonstrations": m, "pretrain_lr": 1e-4, "updates": 2000, "success": v}
+            for s in (0, 1) for m, v in (("expert", 0.4 + 0.1 * s), ("bounded", 0.7 + 0.1 * s))]
+    points = {p["demonstrations"]: p for p in aggregate(rows)}
+    assert set(points) == {"expert", "bounded"}
+    assert abs(points["bounded"]["success_mean"] - 0.75) < 1e-9 and points["expert"]["per_seed"] == {0: 0.4, 1: 0.5}

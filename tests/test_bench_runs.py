@@ -34,3 +34,30 @@ def test_runs_are_pooled_per_seed_and_paired(tmp_path):
         main(compose("bench_runs", [f"runs=[{a},{other}]", f"report_dir={tmp_path}"]))
     with pytest.raises(ConfigError, match="has no eval_test.json"):
         main(compose("bench_runs", [f"runs=[{tmp_path}]", f"report_dir={tmp_path}"]))
+
+
+def test_a_reference_setting_is_paired_by_training_seed_and_episode(tmp_path):
+    runs = [_run(tmp_path / "a", 5, [1, 1, 1, 1], [1, 0, 0, 0], [0, 0, 0, 0]),
+            _run(tmp_path / "b", 5, [1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0])]
+    refs = [_run(tmp_path / "ra", 5, [0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]),
+            _run(tmp_path / "rb", 5, [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0])]
+    for d, seed in zip(runs + refs, (10, 11, 10, 11)):
+        (tmp_path / d / "config.yaml").write_text(f"run:\n  seed: {seed}\n")
+    cfg = compose("bench_runs", [f"runs=[{','.join(runs)}]", f"reference=[{','.join(refs)}]", "name=vs",
+                                 f"report_dir={tmp_path}"])
+    assert main(cfg) == 0
+    ref = json.loads((tmp_path / "vs.json").read_text())["reference"]
+    assert ref["final-reference_final"]["mean"] == 1 - 0.125
+    assert ref["final-reference_final"]["reference_per_seed"] == [0.0, 0.25]
+    assert ref["start-reference_start"]["mean"] == 0.375 - 0.125
+    lo, hi = ref["final-reference_final"]["ci95"]
+    assert 0 < lo <= 0.875 <= hi and ref["final-reference_final"]["verdict"] == "above"
+    # a reference of another training seed, or on other episodes, is refused by name
+    with pytest.raises(ConfigError, match="training seed 11"):
+        main(compose("bench_runs", [f"runs=[{','.join(runs)}]", f"reference=[{refs[1]},{refs[0]}]",
+                                    f"report_dir={tmp_path}"]))
+    other = _run(tmp_path / "rc", 99, [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1])
+    with pytest.raises(ConfigError, match="same test episodes"):
+        main(compose("bench_runs", [f"runs=[{runs[0]}]", f"reference=[{other}]", f"report_dir={tmp_path}"]))
+    with pytest.raises(ConfigError, match="one reference run per run"):
+        main(compose("bench_runs", [f"runs=[{','.join(runs)}]", f"reference=[{refs[0]}]", f"report_dir={tmp_path}"]))

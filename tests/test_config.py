@@ -51,6 +51,10 @@ def test_defaults_and_overrides():
     ("bench_learner", "threads=0", "threads"),
     ("bench_anchor_start", "pretrain_lrs=[0.001,0]", "pretrain_lrs"),
     ("bench_anchor_start", "updates=[]", "updates"),
+    ("bench_anchor_start", "workers=0", "workers"),
+    ("bench_anchor_start", "demonstrations=[teleop]", "demonstrations"),
+    ("bench_anchor_start", "demonstrations=[bounded,bounded]", "demonstrations"),
+    ("finetune", "run.demonstrations=teleop", "run.demonstrations"),
     ("actor", "robot=ur5", "robot"),
     ("actor", "device=joystick", "device"),
     ("actor", "franka.max_step_pos=0.2", "franka.max_step_pos"),
@@ -187,7 +191,9 @@ def test_a_run_saved_before_a_setting_existed_loads_with_what_it_ran(tmp_path):
     for key in ("awr_advantage", "anchor_decay_updates"):
         del saved["run"]["learner"][key]
     del saved["run"]["start_guard"]
+    del saved["run"]["demonstrations"]
     OmegaConf.save(OmegaConf.create(saved), tmp_path / "config.yaml")
     run = load_run_config(str(tmp_path)).run
     assert (run.learner.awr_advantage, run.learner.anchor_decay_updates, run.start_guard) == ("td", 0, False)
+    assert run.demonstrations == "expert" and FinetuneConfig().run.demonstrations == "bounded"
     assert FinetuneConfig().run.learner.awr_advantage == "q"  # today's default differs

@@ -75,6 +75,13 @@ def test_a_checkpoint_trained_at_another_delay_is_refused_naming_delay_steps(tmp
         b.load(str(tmp_path / "ckpt"))
     torch.testing.assert_close(_params(b), before, rtol=0, atol=0)
     assert b.env_steps == 0
+    # nor one whose anchor data another demonstrator collected (resume does not collect them again)
+    c = Finetuner(RunSpec(anchor_episodes=2, seed=0, learner=TINY, demonstrations="expert"),
+                  make_env("pick_cube", max_episode_steps=40), ExpertChunkPolicy("pick_cube", 16),
+                  EXPERTS["pick_cube"], FixedLatency(0.2))
+    with pytest.raises(InputError, match="pass run.demonstrations=bounded"):
+        c.load(str(tmp_path / "ckpt"))
+    assert c.env_steps == 0
 
 
 def test_interventions_and_anchor_data_are_routed_to_anchor_replay():
@@ -84,11 +91,49 @@ def test_interventions_and_anchor_data_are_routed_to_anchor_replay():
     # demonstrations are neither online interventions nor owed updates
     assert ft.trainer.intervention_rows == 0 and ft.trainer.owed == 0 and ft.learner.updates == 0
     assert np.all(ft.anchor.data["source"][:n_anchor] == DEMO)
-    # anchor rows carry the expert's action and the base action the scheduler had (relabel)
+    # anchor rows carry the demonstrator's action (by default the expert's correction within the
+    # residual's reach) and the base action the scheduler had (relabel)
     data = {k: v[:n_anchor] for k, v in ft.anchor.data.items()}
     assert np.abs(data["action"] - data["base"]).max() > 0.1
     ft.train(200, progress=False)
     assert len(ft.online) > 0 and ft.env_steps >= 200
+
+
+def test_bounded_demonstrations_stay_within_the_residuals_reach():
+    """run.demonstrations=bounded: the demonstrator corrects the running base only as far as
+    the residual's bound allows, so every anchor target is reachable; with the expert's own
+    actions (the same seeds) some rows lie beyond it."""
+    from dataclasses import replace
+
+    from arli.policies.residual_np import project_numpy
+
+    scale = 0.1
+    rows = {}
+    for mode in ("expert", "bounded"):
+        spec = RunSpec(anchor_episodes=2, demonstrations=mode, seed=0, learner=replace(TINY, residual_scale=scale))
+        ft = Finetuner(spec, make_env("pick_cube", max_episode_steps=40), ExpertChunkPolicy("pick_cube", 16),
+                       EXPERTS["pick_cube"], FixedLatency(0.2))
+        n = ft.collect_anchor()
+        rows[mode] = {k: v[:n] for k, v in ft.anchor.data.items()}
+    beyond = np.abs(rows["expert"]["action"] - rows["expert"]["base"]).max(-1) > scale + 1e-5
+    assert beyond.mean() > 0.05
+    a, b = rows["bounded"]["action"], rows["bounded"]["base"]
+    assert np.abs(a - b).max() <= scale + 1e-5
+    # the projection is active: entries pushed to the bound, in both directions
+    at_bound = np.isclose(a - b, scale, atol=1e-5) | np.isclose(a - b, -scale, atol=1e-5)
+    assert at_bound.mean() > 0.01 and (a - b).min() < 0 < (a - b).max()
+    # and it is the nearest reachable action: projecting it again changes nothing
+    np.testing.assert_allclose(project_numpy(a, b, scale), a, atol=1e-6)
+
+
+def test_project_numpy_is_the_nearest_action_in_reach():
+    from arli.policies.residual_np import project_numpy
+
+    base = np.array([0.0, 0.95, -0.5], np.float32)
+    target = np.array([0.5, 1.0, -0.55], np.float32)
+    np.testing.assert_allclose(project_numpy(target, base, 0.3), [0.3, 1.0, -0.55], atol=1e-6)
+    with pytest.raises(ValueError, match="run.demonstrations"):
+        RunSpec(demonstrations="teleop").validate()
 
 
 @pytest.mark.slow

@@ -7,8 +7,8 @@ so its success is the ceiling of a residual with this state and bound: what a le
 reach. With ``grip_authority`` the gripper entry is the expert's own (a grip decision the
 residual may change outright) instead of a bounded nudge.
 
-Also reported: the share of anchor rows (demonstrations recorded inside the asynchronous
-loop, as ``arli finetune`` collects them) whose regression target lies outside the bound,
+Also reported: the share of anchor rows (the expert's own demonstrations recorded inside the
+asynchronous loop, ``run.demonstrations=expert``) whose regression target lies outside the bound,
 i.e. what anchor pretraining cannot imitate.
 """
 
@@ -24,6 +24,7 @@ from tqdm import tqdm
 from arli.bench.common import machine_info, print_last_line_json, success_plot, write_report
 from arli.config import BenchCeilingConfig, ConfigError
 from arli.interfaces import StepController
+from arli.policies.residual_np import project_numpy
 from arli.pretrain import ensure_base_policy
 from arli.stats import success_ci
 from arli.types import Observation, StepInfo
@@ -37,10 +38,8 @@ class ProjectedExpert(StepController):
         self.expert, self.scale, self.grip_authority = expert, scale, grip_authority
 
     def act(self, t: int, obs: Observation, info: StepInfo) -> np.ndarray:
-        base = np.asarray(info.base_action, np.float32)
         target = np.asarray(self.expert(obs.state), np.float32)
-        r = np.clip((target - base) / self.scale, -1.0, 1.0)
-        action = np.clip(base + self.scale * r, -1.0, 1.0).astype(np.float32)
+        action = project_numpy(target, info.base_action, self.scale)
         if self.grip_authority:
             action[-1] = target[-1]
         return action
@@ -85,7 +84,9 @@ def anchor_clipping(settings: dict, delay: int, scales: list[float]) -> list[dic
 
     torch.set_num_threads(1)
     env, base, expert, latency, chunking = _setup(settings, delay)
-    spec = RunSpec(anchor_episodes=settings["anchor_episodes"])
+    # the expert's own actions: what it would take to imitate it (bounded demonstrations stay
+    # within the bound by construction)
+    spec = RunSpec(anchor_episodes=settings["anchor_episodes"], demonstrations="expert")
     ft = Finetuner(spec, env, base, expert, latency, chunking=chunking)
     ft.collect_anchor()
     n = len(ft.anchor)
@@ -166,7 +167,8 @@ def markdown(p: dict, cfg: BenchCeilingConfig) -> str:
         what = "base alone" if c["scale"] is None else f"bound {c['scale']}" + (" + grip" if c["grip_authority"]
                                                                                  else "")
         lines.append(f"| {c['delay_steps']} | {what} | {c['success']:.3f} | {c['ci95'][0]:.3f}–{c['ci95'][1]:.3f} |")
-    lines += ["", f"Anchor rows ({cfg.anchor_episodes} demonstration episodes per delay) whose residual target "
+    lines += ["", f"Anchor rows ({cfg.anchor_episodes} episodes of the expert's own demonstrations per delay, "
+              "`run.demonstrations=expert`) whose residual target "
               "leaves the bound (any entry; per entry dx, dy, dz, dyaw, grip):", "",
               "| d | bound | rows | clipped (any) | per entry |", "|---:|---:|---:|---:|---|"]
     for c in p["anchor_clipping"]:

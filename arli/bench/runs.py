@@ -1,7 +1,11 @@
 """``arli bench runs 'runs=[<dir>, ...]' name=<report>``: finetune runs of one setting on several
 training seeds, pooled on their shared test episodes: the base alone, the anchored start and
 the finetuned residual with 95% two-level bootstrap intervals (training seeds x episodes) and
-the paired gains with verdicts -> ``reports/<name>.{json,md}``."""
+the paired gains with verdicts -> ``reports/<name>.{json,md}``.
+
+``'reference=[<dir>, ...]'``: runs of another setting (the control), one per run in the same
+order of training seeds, on the same test episodes: the start and the final of the setting
+against the reference's, paired by training seed and episode."""
 
 from __future__ import annotations
 
@@ -31,6 +35,44 @@ def load(run_dir: str) -> tuple[dict, dict]:
     return out[0], out[1]
 
 
+def training_seed(run_dir: str) -> int | None:
+    """The training seed a run saved in its config.yaml (None for a run without one)."""
+    from omegaconf import OmegaConf  # noqa: PLC0415
+
+    path = os.path.join(run_dir, "config.yaml")
+    return int(OmegaConf.load(path).run.seed) if os.path.exists(path) else None
+
+
+def paired_reference(cfg: BenchRunsConfig, evals: tuple, summaries: tuple) -> dict:
+    """The setting's start and final against the reference runs' (``cfg.reference``), paired
+    by training seed and test episode; {} without a reference."""
+    if not cfg.reference:
+        return {}
+    if len(cfg.reference) != len(cfg.runs):
+        raise ConfigError(f"reference: one reference run per run (the same training seeds, in order), got "
+                          f"{len(cfg.reference)} for {len(cfg.runs)} runs")
+    ref_evals, ref_summaries = zip(*(load(d) for d in cfg.reference))
+    for run, ref, e, r, s, rs in zip(cfg.runs, cfg.reference, evals, ref_evals, summaries, ref_summaries):
+        if json.dumps(e["split"], sort_keys=True) != json.dumps(r["split"], sort_keys=True):
+            raise ConfigError(f"reference: {ref} was evaluated on {r['split']}, {run} on {e['split']}; pair runs "
+                              "on the same test episodes")
+        if training_seed(run) is None or training_seed(run) != training_seed(ref):
+            raise ConfigError(f"reference: {ref} is training seed {training_seed(ref)}, {run} is "
+                              f"{training_seed(run)}; list the reference runs in the order of the runs' seeds")
+        for k in ("env", "delay_steps", "regime"):
+            if s[k] != rs[k]:
+                raise ConfigError(f"reference: {ref} has {k}={rs[k]!r}, {run} has {s[k]!r}")
+    out = {}
+    for p in ("start", "final"):
+        mine = np.array([e["outcomes"][p] for e in evals], float)
+        ref = np.array([e["outcomes"][p] for e in ref_evals], float)
+        ci = gain_ci(mine, ref)
+        out[f"{p}-reference_{p}"] = {"mean": float(mine.mean() - ref.mean()), "ci95": list(ci),
+                                     "reference": float(ref.mean()), "reference_per_seed":
+                                     [float(x) for x in ref.mean(1)], "verdict": verdict(ci)}
+    return out
+
+
 def main(cfg: BenchRunsConfig) -> int:
     evals, summaries = zip(*(load(d) for d in cfg.runs))
     splits = {json.dumps(e["split"], sort_keys=True) for e in evals}
@@ -48,12 +90,16 @@ def main(cfg: BenchRunsConfig) -> int:
         ci = gain_ci(outcomes[a], outcomes[b])
         gains[f"{a}-{b}"] = {"mean": cells[a]["success"] - cells[b]["success"], "ci95": list(ci),
                              "verdict": verdict(ci)}
+    reference = paired_reference(cfg, evals, summaries)
     s0 = summaries[0]
     payload = {**{k: s0[k] for k in keys}, "env_steps": [s["env_steps"] for s in summaries],
                "eval": evals[0]["split"], "runs": list(cfg.runs), "seeds": len(cfg.runs), "cells": cells,
-               "gains": gains, "wall_s": [s["wall_s"] for s in summaries], "machine": machine_info()}
+               "gains": gains, "reference_runs": list(cfg.reference), "reference": reference,
+               "wall_s": [s["wall_s"] for s in summaries], "machine": machine_info()}
     md = [f"# {cfg.name}: `{s0['variant']}` on `{s0['env']}`, d = {s0['delay_steps']}, {len(cfg.runs)} training seeds",
-          "", f"`arli bench runs 'runs=[{', '.join(cfg.runs)}]' name={cfg.name}` — each run's base alone, anchored "
+          "", f"`arli bench runs 'runs=[{', '.join(cfg.runs)}]' "
+          + (f"'reference=[{', '.join(cfg.reference)}]' " if cfg.reference else "")
+          + f"name={cfg.name}` — each run's base alone, anchored "
           f"start and finetuned residual on the same {evals[0]['split']['episodes']} test episodes (seeds "
           f"{evals[0]['split']['seed_base']}..); 95% two-level bootstrap over training seeds and episodes.", "",
           "| policy | success | 95% CI | per seed |", "|---|---:|---:|---|"]
@@ -64,7 +110,14 @@ def main(cfg: BenchRunsConfig) -> int:
     md += ["", "| gain | mean | 95% CI | verdict vs 0 |", "|---|---:|---:|---|"]
     for k, g in gains.items():
         md.append(f"| {k} | {g['mean']:+.3f} | {g['ci95'][0]:+.3f} – {g['ci95'][1]:+.3f} | {g['verdict']} |")
+    if reference:
+        md += ["", f"Against the reference runs `[{', '.join(cfg.reference)}]` (the same training seeds and test "
+               "episodes, paired):", "", "| difference | reference | mean | 95% CI | verdict vs 0 |",
+               "|---|---:|---:|---:|---|"]
+        for k, g in reference.items():
+            md.append(f"| {k} | {g['reference']:.3f} ({' / '.join(f'{x:.3f}' for x in g['reference_per_seed'])}) | "
+                      f"{g['mean']:+.3f} | {g['ci95'][0]:+.3f} – {g['ci95'][1]:+.3f} | {g['verdict']} |")
     write_report(cfg.report_dir, cfg.name, payload, "\n".join(md) + "\n")
     print("\n".join(md))
-    print_last_line_json({"cells": cells, "gains": gains})
+    print_last_line_json({"cells": cells, "gains": gains, "reference": reference})
     return 0

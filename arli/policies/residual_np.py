@@ -15,6 +15,14 @@ def compose_numpy(base: np.ndarray, residual: np.ndarray, scale: float) -> np.nd
     return np.clip(base + scale * residual, -1.0, 1.0).astype(np.float32)
 
 
+def project_numpy(target: np.ndarray, base: np.ndarray, scale: float) -> np.ndarray:
+    """The action (..., m) of the residual's reach nearest ``target`` (..., m) per entry:
+    clip(b + scale * clip((target - b) / scale, -1, 1), -1, 1), i.e. what a residual with
+    bound ``scale`` on the base action ``base`` (..., m) can execute."""
+    base = np.asarray(base, np.float32)
+    return compose_numpy(base, np.clip((np.asarray(target, np.float32) - base) / scale, -1.0, 1.0), scale)
+
+
 class NumpyResidualActor:
     """``ResidualActor``'s forward pass in numpy, for the robot's control loop: one state
     (D,) -> r (m,) in a few microseconds, no torch dispatch, same numbers (tested).

@@ -15,6 +15,7 @@ import numpy as np
 
 from arli.augment import StateBuilder
 from arli.interfaces import ResidualPolicy, StepController
+from arli.policies.residual_np import project_numpy
 from arli.rl.transitions import TransitionBuilder
 from arli.runtime.intervention import Intervention
 from arli.types import INTERVENTION, ONLINE, Decision, Observation, StepInfo, Transition
@@ -28,11 +29,16 @@ class ResidualController(StepController):
     every episode's (state (D,), executed action (m,), reward) for Q-vs-return diagnostics.
     source: who the rows are credited to when the intervener acts (DEMO while collecting
     demonstrations, INTERVENTION online).
+    intervention_reach: when set, the intervener's action is projected into the residual's
+    reach around the base action, ``clip(b + reach * clip((a - b) / reach, -1, 1))``: it
+    corrects the running base as far as a residual with that bound could, so its rows are
+    targets the residual can imitate exactly, from states the base + residual visits.
     """
 
     def __init__(self, policy: ResidualPolicy, builder: StateBuilder, train: bool = False,
                  transitions: TransitionBuilder | None = None, intervention: Intervention | None = None,
-                 rng: np.random.Generator | None = None, trace: bool = False, source: int = INTERVENTION):
+                 rng: np.random.Generator | None = None, trace: bool = False, source: int = INTERVENTION,
+                 intervention_reach: float | None = None):
         if train and transitions is None:
             raise ValueError("a training controller needs a TransitionBuilder")
         self.policy, self.builder, self.train = policy, builder, train
@@ -40,6 +46,7 @@ class ResidualController(StepController):
         self.intervention = intervention
         self.rng = rng or np.random.default_rng(0)  # whether the intervener watches an episode
         self.source = source
+        self.intervention_reach = intervention_reach
         self.transitions: list[Transition] = []  # built, not yet taken
         self.intervened_steps = 0  # the intervener's steps so far (its max_steps cap counts them)
         self.intervened_episode = False
@@ -90,6 +97,8 @@ class ResidualController(StepController):
         events = tuple(self.intervention.events) if polled else ()  # this step's, never a stale one
         if takeover is None:
             return Decision(t, state, info.base_action.copy(), proposed, proposed, ONLINE, events)
+        if self.intervention_reach is not None:
+            takeover = project_numpy(takeover, info.base_action, self.intervention_reach)
         return Decision(t, state, info.base_action.copy(), proposed, np.asarray(takeover, np.float32),
                         self.source, events)
 
