@@ -291,6 +291,9 @@ def test_the_report_writes_every_required_field(tmp_path):
     assert set(report) >= {"env", "regime", "budget", "eval", "cells", "ceiling", "verdicts", "missing"}
     assert report["env"] == "peg_insert" and report["regime"] == "rl" and report["budget"] == 50_000
     assert report["eval"] == {"split": "test", "seed_base": 5_000_000, "episodes": 100}
+    # which demonstrator made the anchor data: the default changed once, so the report says it
+    assert report["demonstrations"] == "bounded"
+    assert "anchor data from `run.demonstrations=bounded`" in (tmp_path / "latency_sweep_test.md").read_text()
     keys = {(c["variant"], c["delay_steps"]) for c in report["cells"]}
     assert len(keys) == 3 * 3 + 4 * 3 + 2 + 1  # base x3, arli / ablations / standard, bc x2, uniform x1
     for c in report["cells"]:

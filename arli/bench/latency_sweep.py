@@ -553,6 +553,7 @@ def report(rows: list[dict], cfg: LatencySweepConfig, missing: list) -> tuple[di
     cells, ceiling = aggregate(rows, cfg), ceiling_cells(rows)
     checks = verdicts(cells, ceiling, list(cfg.delay_steps), cfg.chunking.strategy)
     payload = {"env": cfg.env.name, "regime": cfg.run.regime, "budget": cfg.budget,
+               "demonstrations": cfg.run.demonstrations,
                "eval": {"split": "test", "seed_base": cfg.run.test_seed, "episodes": cfg.eval_episodes},
                "cells": public(cells), "ceiling": ceiling, "verdicts": checks,
                "missing": [list(c) for c in missing], "checkpoint": cfg.checkpoint,
@@ -652,7 +653,8 @@ def markdown(p: dict, cfg: LatencySweepConfig) -> str:
         f"the same {e['episodes']} test episodes (seeds {e['seed_base']}.., disjoint from the tune seeds every "
         f"choice of a setting saw); regime `{cfg.run.regime}`; base policy `{cfg.checkpoint}` (content digest "
         f"`{p['checkpoint_digest']}`: a base re-trained on another machine differs), async `{cfg.chunking.strategy}` "
-        "switching for the residual variants. Success: mean over seeds x episodes with a 95% two-level "
+        f"switching for the residual variants, anchor data from `run.demonstrations={cfg.run.demonstrations}`. "
+        "Success: mean over seeds x episodes with a 95% two-level "
         "bootstrap interval (training seeds, then episodes). Anchored start: the same run after anchor "
         "pretraining, before any online step (\"= the base's outcomes\": on those seeds the start's test "
         "outcomes are the base's on every episode, as when the start guard drops an anchored start below the "
