@@ -46,7 +46,10 @@ def test_a_reference_setting_is_paired_by_training_seed_and_episode(tmp_path):
     cfg = compose("bench_runs", [f"runs=[{','.join(runs)}]", f"reference=[{','.join(refs)}]", "name=vs",
                                  f"report_dir={tmp_path}"])
     assert main(cfg) == 0
-    ref = json.loads((tmp_path / "vs.json").read_text())["reference"]
+    report = json.loads((tmp_path / "vs.json").read_text())
+    assert report["demonstrations"] == "expert"  # saved before the key existed: the expert's own
+    assert "`run.demonstrations=expert`" in (tmp_path / "vs.md").read_text()
+    ref = report["reference"]
     assert ref["final-reference_final"]["mean"] == 1 - 0.125
     assert ref["final-reference_final"]["reference_per_seed"] == [0.0, 0.25]
     assert ref["start-reference_start"]["mean"] == 0.375 - 0.125
@@ -61,3 +64,16 @@ def test_a_reference_setting_is_paired_by_training_seed_and_episode(tmp_path):
         main(compose("bench_runs", [f"runs=[{runs[0]}]", f"reference=[{other}]", f"report_dir={tmp_path}"]))
     with pytest.raises(ConfigError, match="one reference run per run"):
         main(compose("bench_runs", [f"runs=[{','.join(runs)}]", f"reference=[{refs[0]}]", f"report_dir={tmp_path}"]))
+
+
+def test_runs_of_different_demonstrators_are_not_pooled(tmp_path):
+    """Anchor data from the expert's own actions and from its bounded correction are two settings:
+    pooling them is refused, naming each run's demonstrator."""
+    runs = [_run(tmp_path / n, 5, [1, 0], [1, 0], [0, 0]) for n in ("a", "b")]
+    (tmp_path / "a" / "config.yaml").write_text("run:\n  seed: 10\n  demonstrations: bounded\n")
+    (tmp_path / "b" / "config.yaml").write_text("run:\n  seed: 11\n  demonstrations: expert\n")
+    with pytest.raises(ConfigError, match="different demonstrators.*bounded.*expert"):
+        main(compose("bench_runs", [f"runs=[{','.join(runs)}]", f"report_dir={tmp_path}"]))
+    (tmp_path / "b" / "config.yaml").write_text("run:\n  seed: 11\n  demonstrations: bounded\n")
+    assert main(compose("bench_runs", [f"runs=[{','.join(runs)}]", "name=ok", f"report_dir={tmp_path}"])) == 0
+    assert json.loads((tmp_path / "ok.json").read_text())["demonstrations"] == "bounded"

@@ -35,12 +35,25 @@ def load(run_dir: str) -> tuple[dict, dict]:
     return out[0], out[1]
 
 
-def training_seed(run_dir: str) -> int | None:
-    """The training seed a run saved in its config.yaml (None for a run without one)."""
+def saved_run(run_dir: str):
+    """The ``run`` settings a run saved in its config.yaml (None for a run without one)."""
     from omegaconf import OmegaConf  # noqa: PLC0415
 
     path = os.path.join(run_dir, "config.yaml")
-    return int(OmegaConf.load(path).run.seed) if os.path.exists(path) else None
+    return OmegaConf.load(path).run if os.path.exists(path) else None
+
+
+def training_seed(run_dir: str) -> int | None:
+    """The training seed a run saved in its config.yaml (None for a run without one)."""
+    run = saved_run(run_dir)
+    return None if run is None else int(run.seed)
+
+
+def demonstrations(run_dir: str) -> str | None:
+    """Which demonstrator made a run's anchor data (``run.demonstrations``; a run saved before
+    the key existed ran with the expert's own; None for a run without config.yaml)."""
+    run = saved_run(run_dir)
+    return None if run is None else str(run.get("demonstrations", "expert"))
 
 
 def paired_reference(cfg: BenchRunsConfig, evals: tuple, summaries: tuple) -> dict:
@@ -75,6 +88,12 @@ def paired_reference(cfg: BenchRunsConfig, evals: tuple, summaries: tuple) -> di
 
 def main(cfg: BenchRunsConfig) -> int:
     evals, summaries = zip(*(load(d) for d in cfg.runs))
+    demos = {demonstrations(d) for d in cfg.runs}
+    if len(demos) > 1:
+        raise ConfigError(f"runs: their anchor data come from different demonstrators "
+                          f"({', '.join(f'{d}: {demonstrations(d)}' for d in cfg.runs)}); pool runs of one "
+                          "setting, and compare settings with reference=[...]")
+    (demo,) = demos
     splits = {json.dumps(e["split"], sort_keys=True) for e in evals}
     if len(splits) != 1 or evals[0]["split"]["split"] != "test":
         raise ConfigError(f"runs: the runs must share one test split to be pooled, got {sorted(splits)}")
@@ -94,14 +113,15 @@ def main(cfg: BenchRunsConfig) -> int:
     s0 = summaries[0]
     payload = {**{k: s0[k] for k in keys}, "env_steps": [s["env_steps"] for s in summaries],
                "eval": evals[0]["split"], "runs": list(cfg.runs), "seeds": len(cfg.runs), "cells": cells,
-               "gains": gains, "reference_runs": list(cfg.reference), "reference": reference,
+               "demonstrations": demo, "gains": gains, "reference_runs": list(cfg.reference), "reference": reference,
                "wall_s": [s["wall_s"] for s in summaries], "machine": machine_info()}
     md = [f"# {cfg.name}: `{s0['variant']}` on `{s0['env']}`, d = {s0['delay_steps']}, {len(cfg.runs)} training seeds",
           "", f"`arli bench runs 'runs=[{', '.join(cfg.runs)}]' "
           + (f"'reference=[{', '.join(cfg.reference)}]' " if cfg.reference else "")
           + f"name={cfg.name}` — each run's base alone, anchored "
           f"start and finetuned residual on the same {evals[0]['split']['episodes']} test episodes (seeds "
-          f"{evals[0]['split']['seed_base']}..); 95% two-level bootstrap over training seeds and episodes.", "",
+          f"{evals[0]['split']['seed_base']}..); 95% two-level bootstrap over training seeds and episodes; anchor "
+          f"data from `run.demonstrations={demo or 'unknown (no config.yaml)'}`.", "",
           "| policy | success | 95% CI | per seed |", "|---|---:|---:|---|"]
     for p, label in zip(POLICIES, ("base alone", "anchored start (0 online steps)", "after RL")):
         c = cells[p]
