@@ -263,3 +263,44 @@ def test_max_batch_1_answers_one_request_at_a_time():
         assert [r["request_id"] for r in replies] == [0, 1, 2] and all(r["timing"]["batch"] == 1 for r in replies)
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 1e39])  # 1e39: finite in float64, inf as float32
+def test_a_chunk_with_nan_or_inf_is_never_sent_and_finite_ones_arrive_exactly(bad):
+    """The reply path's finiteness check (a sum over the chunk's float32 buffer): one bad value
+    anywhere in the chunk turns the reply into a ``policy`` error naming the request; a finite
+    chunk of any layout (float64, transposed, empty) arrives as the float32 values it holds."""
+    from arli.runtime.server import InferenceServer
+
+    class Fixed:
+        chunk_size, action_dim, n_obs_steps = 4, 3, 1
+
+        def __init__(self):
+            self.chunk = np.zeros((4, 3))
+
+        def reset(self, seed=None) -> None: ...
+
+        def infer(self, request):
+            return self.chunk
+
+    policy = Fixed()
+    server = InferenceServer(policy, f"tcp://127.0.0.1:{free_ports(1)[0]}")
+    try:
+        # small chunks are summed in Python, large ones (here 50 x 64) by numpy in float64
+        for rid, (shape, where) in enumerate([((4, 3), (row, row % 3)) for row in range(4)]
+                                             + [((50, 64), (0, 0)), ((50, 64), (49, 63))]):
+            policy.chunk = np.arange(np.prod(shape), dtype=np.float64).reshape(shape)
+            policy.chunk[where] = bad
+            reply = decode(server.handle(infer(request_id=rid)))
+            assert reply.kind == "error" and reply["code"] == "policy" and reply["request_id"] == rid
+            assert "NaN/inf" in reply["message"]
+        for chunk in (np.arange(12, dtype=np.float64).reshape(4, 3) * 3.4e38 / 12,  # large, finite as float32
+                      np.full((50, 64), 3.4e38, np.float32),  # a float32 sum would overflow: finite all the same
+                      np.arange(12, dtype=np.float32).reshape(3, 4).T,  # not C-contiguous
+                      np.zeros((0, 3), np.float32)):
+            policy.chunk = chunk
+            reply = decode(server.handle(infer()))
+            assert reply.kind == "chunk", reply.fields
+            np.testing.assert_array_equal(reply["actions"], chunk.astype(np.float32))
+    finally:
+        server.close()

@@ -188,3 +188,22 @@ def test_cached_array_headers_keep_each_frame_index_and_survive_the_cache_clear(
         x = np.full((k, 2), k, np.float32)
         out = decode(encode("chunk", request_id=k, actions=x, timing={}))
         assert out["actions"].shape == (k, 2) and float(out["actions"][0, 0]) == k
+
+
+def test_arrays_of_any_layout_arrive_as_their_values_and_shape():
+    """Whatever the layout a sender's array has (0-d, byte-swapped, strided, a subclass), the
+    receiver gets a plain array of the same shape and values, inline or as its own frame."""
+    from arli.transport.codec import decode, encode, encode_frames
+
+    image = np.arange(64 * 64 * 3, dtype=np.uint8).reshape(64, 64, 3)
+    arrays = {"zero_d": np.array(1.5), "swapped_zero_d": np.array(2.5, ">f8"), "swapped": np.arange(6, dtype=">i4"),
+              "strided": np.arange(12.0).reshape(3, 4)[:, ::2], "masked": np.ma.masked_array([1.0, 2.0], mask=[1, 0]),
+              "image_flipped": image[:, ::-1]}
+    for msg in (decode(encode("weights", version=1, arrays=arrays)),
+                decode(encode_frames("weights", version=1, arrays=arrays))):
+        for name, sent in arrays.items():
+            got = msg["arrays"][name]
+            assert type(got) is np.ndarray and got.shape == np.shape(sent), name
+            np.testing.assert_array_equal(got, np.asarray(sent), err_msg=name)
+    with pytest.raises(TypeError, match="cannot send arrays of dtype datetime64"):
+        encode_frames("weights", version=1, arrays={"t": np.zeros(10_000, "M8[s]")})

@@ -22,15 +22,16 @@ SPIN = False  # set from the command line: spin the CPU instead of waiting
 SPIN_MARGIN_S = 0.0015  # wait mode spins the last 1.5 ms of the compute
 
 
-def busy(ms: float) -> None:
-    """``ms`` of fixed compute: waiting (a GPU-bound model's host thread) or spinning a core.
+def busy(ms: float, spin: bool | None = None) -> None:
+    """``ms`` of fixed compute: waiting (a GPU-bound model's host thread) or spinning a core
+    (``spin``; None: the server's mode, ``SPIN``).
 
     Waiting sleeps, then spins the last SPIN_MARGIN_S so that the compute really is ``ms``:
     on this VM ``time.sleep`` overshoots by 0.15 ms at p50 and 0.7-1.3 ms at p99, and the
     bench subtracts the nominal ``ms`` from every round trip, so an overshoot would be
     charged to the transport under test (with a 0.2 ms margin it was most of our p99)."""
     end = time.perf_counter() + ms / 1000
-    if not SPIN and ms / 1000 > SPIN_MARGIN_S:
+    if not (SPIN if spin is None else spin) and ms / 1000 > SPIN_MARGIN_S:
         time.sleep(ms / 1000 - SPIN_MARGIN_S)
     while time.perf_counter() < end:
         pass

@@ -205,23 +205,16 @@ def measure(cfg: BenchTransportConfig, scratch: str) -> tuple[dict[str, np.ndarr
     return {row: (np.asarray(v) - cfg.compute_ms / 1000) * 1000 for row, v in out.items()}, parts
 
 
-COLD_CALLS = 300  # calls timed after a pause, per piece
+COLD_CALLS = 300  # calls timed after the stub's wait, per piece
 
 
-def pause_s(compute_ms: float) -> float:
-    """How long each piece waits before its timed call in ``codec_cost_us``: the stub's sleep
-    (its compute less the spun margin), what our code follows in a round trip."""
-    from arli.bench.stub_servers import SPIN_MARGIN_S  # noqa: PLC0415
-
-    return max(0.0, compute_ms / 1000 - SPIN_MARGIN_S)
-
-
-def codec_cost_us(pause: float, cameras: int = 2, n: int = 2000) -> dict[str, float]:
+def codec_cost_us(compute_ms: float, spin: bool = False, cameras: int = 2, n: int = 2000) -> dict[str, float]:
     """Our code's share of a round trip, in-process (µs per request): what the client's encode +
     decode and the server's ``handle`` (decode, typed request, stub policy, reply encode) cost,
-    back to back (warm), and each call's median after a ``pause``-second spin (``after_pause_p50``:
-    the same code after a pause, as between requests)."""
-    from arli.bench.stub_servers import StubPolicy  # noqa: PLC0415
+    back to back (warm), and each call's median right after the stub's ``compute_ms`` wait
+    (``after_wait_p50``: in a round trip our code follows a wait; code run after its thread
+    slept is several times slower than back to back)."""
+    from arli.bench.stub_servers import StubPolicy, busy  # noqa: PLC0415
     from arli.runtime.server import InferenceServer, policy_request  # noqa: PLC0415
     from arli.transport.codec import decode, encode_frames  # noqa: PLC0415
 
@@ -250,15 +243,13 @@ def codec_cost_us(pause: float, cameras: int = 2, n: int = 2000) -> dict[str, fl
             tails[name] = {"p50": float(np.percentile(each, 50) * 1e6), "p99": float(np.percentile(each, 99) * 1e6)}
             cold_each = np.empty(COLD_CALLS)
             for i in range(COLD_CALLS):  # as in a round trip: the same call after the stub's compute
-                busy_until = time.perf_counter() + pause
-                while time.perf_counter() < busy_until:
-                    pass
+                busy(compute_ms, spin)
                 t = time.perf_counter()
                 fn()
                 cold_each[i] = time.perf_counter() - t
             cold[name] = float(np.median(cold_each) * 1e6)
         # client_encode includes copying the frames to bytes (the socket's own copy on send)
-        return {**costs, "per_call": tails, "after_pause_p50": cold}
+        return {**costs, "per_call": tails, "after_wait_p50": cold}
     finally:
         server.close()
 
@@ -344,8 +335,7 @@ def main(cfg: BenchTransportConfig) -> int:
     targets = {"ours_p50 / floor_p50 <= 1.5": result["ours_over_floor_p50"] <= 1.5,
                "ours_p99 / floor_p99 <= 1.5": result["ours_over_floor_p99"] <= 1.5,
                "lerobot_p50 / ours_p50 >= 20": result["ratio_p50"] >= 20}
-    pause = pause_s(cfg.compute_ms)
-    codec = codec_cost_us(pause, cameras=2)
+    codec = codec_cost_us(cfg.compute_ms, spin=cfg.stub_compute == "spin", cameras=2)
     breakdown = {pair: breakdown_us(parts[floor], parts[ours], cfg.compute_ms)
                  for pair, (floor, ours) in {"two_cameras": ("floor", "ours"),
                                              "three_cameras": ("floor_3cam", "ours_3cam")}.items()}
@@ -397,11 +387,13 @@ def main(cfg: BenchTransportConfig) -> int:
           f"{codec['client_decode']:.1f}. In the round trip the same code runs after a wait: the server's decode "
           f"+ typed request takes {two['ours']['server_pre']:.0f} µs there (table below), "
           f"{two['ours']['server_pre'] / codec['server_decode']:.1f}x its tight-loop time. In-process, each piece "
-          f"called after a {pause * 1000:.1f} ms spin instead of back to back costs (median µs, noisy) "
-          + ", ".join(f"{k} {codec['after_pause_p50'][k]:.0f}" for k in (*pieces, "server_decode"))
-          + ". So most of the overhead over the floor is our Python code running slower between requests than "
-          "back to back (cold caches, clock or wake-up effects: not told apart here), not bytes on the wire; the "
-          "floor runs almost no Python between receive and send. The table's parts account for "
+          f"called right after the stub's {cfg.compute_ms:g} ms {cfg.stub_compute} instead of back to back costs "
+          "(median µs, noisy) "
+          + ", ".join(f"{k} {codec['after_wait_p50'][k]:.0f}" for k in (*pieces, "server_decode"))
+          + ". Code that runs right after its thread slept runs several times slower than back to back "
+          "([`transport_history.md`](transport_history.md)), so the overhead over the floor "
+          "grows with the interpreter and numpy work between receive and send, which the floor does not do; "
+          "bytes on the wire are the same. The table's parts account for "
           f"{accounted:.0f} of the {gap_ms * 1000:.0f} µs; the rest of the wait (the serve loop, the reply's "
           "encode and send) is not split.", "",
           "Measured in this run, per round trip (medians, µs; the client's clock, the server's part from "

@@ -32,6 +32,32 @@ from arli.types import Observation, PolicyRequest
 log = logging.getLogger("arli.serve")
 
 
+_UINT8, _F32 = np.dtype(np.uint8), np.dtype(np.float32)
+
+
+def _as_actions(chunk) -> np.ndarray:
+    """A policy's chunk as a C-contiguous float32 array (itself when it is one already)."""
+    if type(chunk) is np.ndarray and chunk.dtype == _F32 and chunk.flags.c_contiguous:
+        return chunk
+    return np.ascontiguousarray(chunk, np.float32)
+
+
+_PYTHON_SUM_MAX = 2048  # chunks up to this many values are checked by a Python sum (50 x 32 is 1600)
+
+
+def _finite(actions: np.ndarray) -> bool:
+    """Whether a C-contiguous float32 array holds no NaN/inf: both propagate through a sum done
+    in double precision (float32 values cannot overflow it). Up to ``_PYTHON_SUM_MAX`` values, a
+    Python sum over the buffer rather than numpy: this runs right after the policy call, where
+    numpy's reduction machinery ran several times slower than back to back and was the reply
+    path's largest cost; above that the Python loop's own time (~7 ns a value) would be."""
+    if actions.size == 0:
+        return True
+    if actions.size > _PYTHON_SUM_MAX:
+        return math.isfinite(float(actions.sum(dtype=np.float64)))
+    return math.isfinite(sum(memoryview(actions).cast("B").cast("f")))
+
+
 def _images(value, where: str) -> dict[str, np.ndarray]:
     """An ``images`` map off the wire: camera name -> (h, w, 3) uint8, or a schema error
     naming the camera."""
@@ -40,7 +66,7 @@ def _images(value, where: str) -> dict[str, np.ndarray]:
     out = {}
     for name, image in value.items():
         if not isinstance(name, str) or not isinstance(image, np.ndarray) or image.ndim != 3 \
-                or image.shape[2] != 3 or image.dtype != np.uint8:
+                or image.shape[2] != 3 or image.dtype != _UINT8:
             got = f"{image.shape} {image.dtype}" if isinstance(image, np.ndarray) else type(image).__name__
             raise ProtocolError("schema", f"{where}: camera {name!r} must be an (h, w, 3) uint8 image, got {got}")
         out[name] = image
@@ -56,7 +82,7 @@ def policy_request(msg) -> PolicyRequest:
             raise ProtocolError("schema", f"infer: history[{i}] must be a map with a 1-d state array")
         history.append(Observation(np.array(h["state"], np.float32), -1,
                                    images=_images(h.get("images") or {}, f"infer: history[{i}]")))
-    obs = Observation(np.array(msg["state"], np.float32), int(msg["t0"]), float(msg["capture_ts"]),
+    obs = Observation(np.array(msg["state"], _F32), int(msg["t0"]), float(msg["capture_ts"]),
                       _images(msg.get("images") or {}, "infer"), msg.get("instruction") or "")
     return PolicyRequest(obs, msg.get("committed_prefix"), int(msg["delay_steps"]), msg.get("guidance"),
                          msg.get("execute_horizon"), tuple(history) if "history" in msg.fields else None)
@@ -158,9 +184,8 @@ class InferenceServer:
         out = []
         timing = {"queue_s": start - recv, "compute_s": end - start, "server_s": end - recv, "batch": len(batch)}
         for (i, request_id, _), chunk in zip(batch, chunks):
-            actions = np.asarray(chunk, np.float32)
-            # one reduction finds any NaN/inf (they propagate through the sum)
-            if actions.ndim != 2 or not math.isfinite(float(actions.sum())):
+            actions = _as_actions(chunk)
+            if actions.ndim != 2 or not _finite(actions):
                 self.stats["errors"] += 1
                 why = "NaN/inf actions" if actions.ndim == 2 else f"actions of shape {actions.shape}, not (H, m)"
                 out.append((i, error_frame("policy", f"the policy produced {why}; not sent", request_id)))
@@ -224,6 +249,8 @@ class InferenceServer:
         robots answered with the last batch for up to ``batch_wait_s`` more: robots answered
         together re-send a moment apart, and without the wait a fleet splits into half-size
         batches for good. Otherwise the one request received."""
+        if not self.batching:  # one at a time: each reply leaves as soon as its own chunk is ready
+            return ([frames[0].bytes], [[f.buffer for f in frames[1:]]]) if len(frames) >= 2 else ([], [])
         identities, payloads = [], []
         deadline = None
         while True:
@@ -232,8 +259,8 @@ class InferenceServer:
                 identities.append(frames[0].bytes)
                 payloads.append([f.buffer for f in frames[1:]])
                 self._seen[identities[-1]] = now
-            if not self.batching or len(payloads) >= self.max_batch:
-                break  # one at a time: each reply leaves as soon as its own chunk is ready
+            if len(payloads) >= self.max_batch:
+                break
             if not self.sock.get(zmq.EVENTS) & zmq.POLLIN:
                 # wait only for the robots answered with the last batch: they re-send together
                 waiting_for = [i for i in self._last_batch if i not in identities and now - self._seen[i] < 1.0]

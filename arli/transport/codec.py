@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import msgpack
@@ -50,14 +51,19 @@ _WIRE_NAME = {np.dtype(name): name for name in DTYPES}
 
 
 def _sendable(arr: np.ndarray) -> tuple[np.ndarray, str]:
-    """``arr`` as C-contiguous native-order data and its wire dtype name; TypeError otherwise."""
+    """``arr`` as a plain C-contiguous native-order ndarray (itself when it is one already) and
+    its wire dtype name; TypeError otherwise."""
     name = _WIRE_NAME.get(arr.dtype)
+    if name is not None and type(arr) is np.ndarray and arr.flags.c_contiguous:
+        return arr, name
     if name is None:
         if arr.dtype.name not in DTYPES:
             raise TypeError(f"cannot send arrays of dtype {arr.dtype}; allowed: {DTYPES}")
         # a byte-swapped array: its raw bytes would be read back as native-order garbage
         arr, name = arr.astype(arr.dtype.newbyteorder("=")), arr.dtype.name
-    return np.ascontiguousarray(arr), name
+    # asarray, not ascontiguousarray (which makes a 0-d array 1-d); a subclass (a masked
+    # array) sends its raw data
+    return np.asarray(arr, order="C"), name
 
 
 _HEADER_CACHE_SIZE = 512  # entries of each header cache (packed on send, checked on receipt)
@@ -79,7 +85,11 @@ def _packed_header(key: tuple) -> bytes:
 
 
 def _pack_array(arr: np.ndarray) -> msgpack.ExtType:
-    arr, name = _sendable(arr)
+    name = _WIRE_NAME.get(arr.dtype) if type(arr) is np.ndarray else None
+    if name is None:  # another byte order, a subclass, or a dtype not sent (TypeError)
+        arr, name = _sendable(arr)
+    # tobytes writes C order whatever the strides: no contiguous copy first (the reply is packed
+    # right after the policy call, where every extra numpy call costs several times its warm time)
     return msgpack.ExtType(NDARRAY_EXT, _packed_header((name, arr.shape)) + arr.tobytes())
 
 
@@ -92,10 +102,11 @@ def _default(obj: Any) -> Any:
                     "dicts or numpy arrays")
 
 
-_HEADERS: dict[tuple[int, bytes], tuple[str, tuple[int, ...], int, int]] = {}  # checked array headers
+_HEADERS: dict[tuple[int, bytes], tuple[np.dtype, tuple[int, ...], int, int]] = {}  # checked array headers
+_NP_DTYPES = {name: np.dtype(name) for name in DTYPES}
 
 
-def _array_header(code: int, raw: bytes) -> tuple[str, tuple[int, ...], int, int]:
+def _array_header(code: int, raw: bytes) -> tuple[np.dtype, tuple[int, ...], int, int]:
     """A checked array header -> (dtype, shape, nbytes, frame index or -1). A robot's requests
     repeat the same few headers, so each distinct header is parsed and checked once and then
     looked up by its bytes (the parse was a quarter of the decoder's time)."""
@@ -123,35 +134,40 @@ def _array_header(code: int, raw: bytes) -> tuple[str, tuple[int, ...], int, int
         index = header[2]
         if not isinstance(index, int) or isinstance(index, bool) or index < 0:
             raise ProtocolError("malformed", f"array refers to frame {index!r}")
-    parsed = (dtype, tuple(shape), math.prod(shape) * _ITEMSIZE[dtype], index)
+    # the dtype object, not its name: building an array from a name parses it every time
+    parsed = (_NP_DTYPES[dtype], tuple(shape), math.prod(shape) * _ITEMSIZE[dtype], index)
     if len(_HEADERS) >= _HEADER_CACHE_SIZE:  # a sender cycling through shapes cannot grow it without bound
         _HEADERS.clear()
     _HEADERS[key] = parsed
     return parsed
 
 
-def _ext_hook(code: int, data: bytes, buffers: list | None = None, used: set | None = None) -> np.ndarray:
-    if code not in (NDARRAY_EXT, NDARRAY_FRAME_EXT) or (code == NDARRAY_FRAME_EXT and buffers is None):
+def _ext_hook(buffers: list | None, used: set | None, code: int, data: bytes) -> np.ndarray:
+    # arrays are built by one ``np.ndarray`` call on the received bytes (no copy): the decoder
+    # runs right after the server wakes for a request, where each numpy call it makes costs
+    # several times its warm time (reports/transport.md), and frombuffer + reshape were two
+    if code == NDARRAY_FRAME_EXT and buffers is not None:
+        dtype, shape, expected, index = _HEADERS.get((code, data)) or _array_header(code, data)
+        if index >= len(buffers) or index in used:
+            raise ProtocolError("malformed", f"array refers to frame {index!r}; the message has {len(buffers)} "
+                                "unused data frames")
+        used.add(index)
+        buf = buffers[index]
+        if expected != len(buf):
+            raise ProtocolError("malformed", f"array of shape {list(shape)} {dtype} needs {expected} bytes, its "
+                                f"frame has {len(buf)}")
+        return np.ndarray(shape, dtype, buf)
+    if code != NDARRAY_EXT:
         raise ProtocolError("malformed", f"unknown extension type {code}")
-    if code == NDARRAY_EXT:
-        if len(data) < 2:
-            raise ProtocolError("malformed", "array extension shorter than its header length")
-        offset = 2 + int.from_bytes(data[:2], "little")
-        dtype, shape, expected, _ = _array_header(code, bytes(data[2:offset]))
-        if offset > len(data) or expected != len(data) - offset:
-            raise ProtocolError("malformed", f"array of shape {list(shape)} {dtype} needs {expected} bytes, "
-                                f"got {len(data) - offset}")
-        return np.frombuffer(data, dtype=dtype, offset=offset).reshape(shape)
-    dtype, shape, expected, index = _array_header(code, bytes(data))
-    if index >= len(buffers) or index in used:
-        raise ProtocolError("malformed", f"array refers to frame {index!r}; the message has {len(buffers)} "
-                            "unused data frames")
-    used.add(index)
-    buf = buffers[index]
-    if expected != len(buf):
-        raise ProtocolError("malformed", f"array of shape {list(shape)} {dtype} needs {expected} bytes, its frame "
-                            f"has {len(buf)}")
-    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+    if len(data) < 2:
+        raise ProtocolError("malformed", "array extension shorter than its header length")
+    offset = 2 + int.from_bytes(data[:2], "little")
+    raw = data[2:offset]
+    dtype, shape, expected, _ = _HEADERS.get((code, raw)) or _array_header(code, raw)
+    if offset > len(data) or expected != len(data) - offset:
+        raise ProtocolError("malformed", f"array of shape {list(shape)} {dtype} needs {expected} bytes, "
+                            f"got {len(data) - offset}")
+    return np.ndarray(shape, dtype, data, offset)
 
 
 # -- schemas ---------------------------------------------------------------------------------
@@ -225,6 +241,11 @@ def _check(name: str, spec: Field, value: Any) -> None:
 
 
 _ALLOWED = {kind: frozenset(schema) for kind, schema in SCHEMAS.items()}
+# per kind, field -> the exact types that pass without ``_check`` (a bool is not an int here;
+# arrays, nulls and subclasses take the full check): one lookup per field on every request
+_EXACT = {"int": (int,), "float": (float, int), "str": (str,), "bytes": (bytes,), "dict": (dict,), "list": (list,),
+          "bool": (bool,)}
+_FAST = {kind: {name: _EXACT.get(spec.kind, ()) for name, spec in schema.items()} for kind, schema in SCHEMAS.items()}
 _REQUIRED = {kind: tuple(name for name, spec in schema.items() if spec.required) for kind, schema in SCHEMAS.items()}
 
 
@@ -239,8 +260,10 @@ def validate(kind: str, fields: dict[str, Any]) -> None:
     for name in _REQUIRED[kind]:
         if name not in fields:
             raise ProtocolError("schema", f"{kind}: missing field {name!r}")
+    fast = _FAST[kind]
     for name, value in fields.items():  # only the fields present: a request carries few of the optional ones
-        _check(name, schema[name], value)
+        if type(value) not in fast[name]:
+            _check(name, schema[name], value)
 
 
 # -- messages --------------------------------------------------------------------------------
@@ -275,7 +298,7 @@ def encode_frames(kind: str, **fields: Any) -> list:
 
     def default(obj: Any) -> Any:
         if isinstance(obj, np.ndarray) and obj.nbytes >= OUT_OF_BAND_BYTES:
-            arr, name = _sendable(obj)
+            arr, name = _sendable(obj)  # copied only when it must be
             buffers.append(memoryview(arr).cast("B"))
             return msgpack.ExtType(NDARRAY_FRAME_EXT, _packed_header((name, arr.shape, len(buffers) - 1)))
         return _default(obj)
@@ -292,13 +315,13 @@ def decode(frame, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     frames = list(frame) if isinstance(frame, (list, tuple)) else [frame]
     if not frames:
         raise ProtocolError("malformed", "empty message")
-    size = sum(len(f) for f in frames)
+    size = sum(map(len, frames))
     if size > max_bytes:
         raise ProtocolError("too_large", f"message of {size} bytes exceeds the limit of {max_bytes}")
     body, buffers, used = frames[0], frames[1:], set()
     try:
-        obj = msgpack.unpackb(body, raw=False, strict_map_key=True,
-                              ext_hook=lambda code, data: _ext_hook(code, data, buffers, used), use_list=True)
+        obj = msgpack.unpackb(body, raw=False, strict_map_key=True, ext_hook=partial(_ext_hook, buffers, used),
+                              use_list=True)
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises several types (ExtraData, FormatError, ValueError, ...)
