@@ -294,6 +294,10 @@ def test_a_chunk_with_nan_or_inf_is_never_sent_and_finite_ones_arrive_exactly(ba
             reply = decode(server.handle(infer(request_id=rid)))
             assert reply.kind == "error" and reply["code"] == "policy" and reply["request_id"] == rid
             assert "NaN/inf" in reply["message"]
+        for chunk, shape in ((np.float32(1.0), "()"), (np.zeros(12, np.float32), "(12,)")):  # not (H, m): named
+            policy.chunk = chunk
+            reply = decode(server.handle(infer(request_id=9)))
+            assert reply.kind == "error" and f"actions of shape {shape}, not (H, m)" in reply["message"]
         for chunk in (np.arange(12, dtype=np.float64).reshape(4, 3) * 3.4e38 / 12,  # large, finite as float32
                       np.full((50, 64), 3.4e38, np.float32),  # a float32 sum would overflow: finite all the same
                       np.arange(12, dtype=np.float32).reshape(3, 4).T,  # not C-contiguous

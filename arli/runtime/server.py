@@ -39,7 +39,7 @@ def _as_actions(chunk) -> np.ndarray:
     """A policy's chunk as a C-contiguous float32 array (itself when it is one already)."""
     if type(chunk) is np.ndarray and chunk.dtype == _F32 and chunk.flags.c_contiguous:
         return chunk
-    return np.ascontiguousarray(chunk, np.float32)
+    return np.asarray(chunk, np.float32, order="C")  # not ascontiguousarray: it makes a 0-d chunk 1-d
 
 
 _PYTHON_SUM_MAX = 2048  # chunks up to this many values are checked by a Python sum (50 x 32 is 1600)
