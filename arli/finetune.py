@@ -231,6 +231,11 @@ class Finetuner:
         bar.close()
         return self.history
 
+    def learner_diagnostics(self) -> dict[str, float]:
+        """The learner's latest measured statistics (critic loss, TD error per source, AWR's
+        advantage spread and weight ESS, ...), rounded for the run's JSON."""
+        return {k: round(float(v), 6) for k, v in sorted(self.trainer.last_stats.items())}
+
     def time_breakdown(self) -> dict[str, float]:
         """Seconds of ``train`` so far: inside the training episodes' control steps, physics
         (the driver's act: the env's step), base inference (the policy's chunks), residual acting and the rest
@@ -258,7 +263,7 @@ class Finetuner:
         entry = {"env_steps": steps, "success": result["success"], "episodes": self.episode,
                  "updates": self.learner.updates, "wall_s": round(time.time() - start, 1),
                  "q_eval": result["q_mean"], "return_eval": result["return_mean"],
-                 "intervened_steps": ctl.intervened_steps}
+                 "intervened_steps": ctl.intervened_steps, "learner": self.learner_diagnostics()}
         self.history.append(entry)
         if writer is not None:
             writer.add_scalar("eval/success", result["success"], steps)

@@ -37,14 +37,15 @@ def _fake_run(path, *overrides, steps=100, wall=12.5, checkpoint=True):
 class FakeEval:
     """Hand-made per-episode outcomes per run directory; records what was asked."""
 
-    def __init__(self, finals, base=BASE):
-        self.finals, self.base, self.calls = finals, base, []
+    def __init__(self, finals, base=BASE, awr=None):
+        self.finals, self.base, self.awr, self.calls = finals, base, awr or {}, []
 
     def __call__(self, run_dir, run_cfg, seed_base, episodes, with_base):
         self.calls.append((os.path.basename(run_dir), seed_base, episodes, with_base))
         return {"final": self.finals[os.path.basename(run_dir)][:episodes], "env_steps": 100,
                 "base": self.base[:episodes] if with_base else None, "env": "pick_cube",
-                "delay_steps": run_cfg.delay_steps, "split": "tune"}
+                "delay_steps": run_cfg.delay_steps, "split": "tune",
+                "awr": self.awr.get(os.path.basename(run_dir))}
 
 
 def _never(*args):
@@ -100,7 +101,9 @@ def test_bench_tune_reports_every_run_on_the_tune_seeds_and_the_choice(tmp_path)
     ref = _fake_run(tmp_path / "default")
     noisy = _fake_run(tmp_path / "noisy", "run.learner.actor_lr=1e-5", wall=20.0)
     better = _fake_run(tmp_path / "better", "run.learner.anchor_weight=0.5", "run.seed=1", steps=100)
-    fake = FakeEval({"default": REF, "noisy": NOISY, "better": BETTER})
+    spread = {"awr_weight_ess": 0.765, "awr_weight_clipped": 0.0, "advantage_std": 0.0076,
+              "advantage_abs_p50": 0.0016, "advantage_head_std": 0.0251, "advantage_snr": 0.3}
+    fake = FakeEval({"default": REF, "noisy": NOISY, "better": BETTER}, awr={"default": spread})
     cfg = compose("bench_tune", [f"runs=[{ref},{noisy},{better}]", "name=t", f"episodes={N}",
                                  f"report_dir={tmp_path / 'reports'}"])
     assert main(cfg, evaluate=fake) == 0
@@ -126,6 +129,9 @@ def test_bench_tune_reports_every_run_on_the_tune_seeds_and_the_choice(tmp_path)
     md = (tmp_path / "reports" / "t.md").read_text()
     assert f"arli bench tune 'runs=[{ref},{noisy},{better}]' name=t" in md
     assert "not for reporting" in md and "**Chosen: `better`.**" in md and "`run.learner.actor_lr=1e-05`" in md
+    # what each critic steers, for the runs that measured it (an AWR run with a Q advantage)
+    assert runs["default"]["awr"] == spread and runs["noisy"]["awr"] is None
+    assert "| `default` | 0.765 | 0.000 | 0.0076 | 0.0016 | 0.0251 | 0.30 |" in md and "| `noisy` | 0." not in md
     assert (tmp_path / "reports" / "t.png").stat().st_size > 1000
     # without the better run, the reference is kept although `noisy` is higher on the tune seeds
     cfg = compose("bench_tune", [f"runs=[{ref},{noisy}]", "name=u", f"episodes={N}", f"report_dir={tmp_path}"])

@@ -10,7 +10,7 @@ from arli.policies.residual import EnsembleCritic, ResidualActor, compose_action
 from arli.policies.residual_np import ResidualActing
 from arli.runtime.intervention import Intervention
 from arli.rl.config import InterventionSpec, LearnerConfig
-from arli.rl.learner import LearnerDiverged, ResidualLearner
+from arli.rl.learner import LearnerDiverged, ResidualLearner, advantage_spread
 from arli.rl.replay import ReplayBuffer, mixed_batch
 from arli.rl.transitions import NStepAccumulator
 from arli.types import DEMO, INTERVENTION, ONLINE
@@ -543,3 +543,51 @@ def test_q_bounded_values_the_action_the_regression_target_stands_for():
         valued[mode] = seen[1]
     assert torch.allclose(valued["q"], torch.full((4, M), 0.9))
     assert torch.allclose(valued["q_bounded"], torch.full((4, M), 0.3))
+
+
+def test_advantage_spread_says_when_awr_weights_follow_critic_noise():
+    """The AWR diagnostics: uniform weights have an effective sample size of the whole batch,
+    one dominant weight of about one row; heads that disagree by more than the rows differ
+    give a signal-to-noise ratio below 1, heads that agree one far above it."""
+    B, E = 64, 4
+    adv = torch.linspace(-0.01, 0.01, B)
+    uniform = advantage_spread(adv, None, torch.ones(B), 20.0)
+    assert uniform["awr_weight_ess"] == pytest.approx(1.0) and uniform["awr_weight_clipped"] == 0.0
+    assert "advantage_snr" not in uniform  # the TD advantage has no per-head values
+    one = torch.full((B,), 1e-6)
+    one[3] = 20.0
+    peaked = advantage_spread(adv, None, one, 20.0)
+    assert peaked["awr_weight_ess"] == pytest.approx(1 / B, rel=1e-3) and peaked["awr_weight_clipped"] == 1 / B
+    g = torch.Generator().manual_seed(0)
+    noisy = adv[None] + 0.1 * torch.randn(E, B, generator=g)
+    agreeing = adv[None] + 1e-4 * torch.randn(E, B, generator=g)
+    assert advantage_spread(adv, noisy, torch.ones(B), 20.0)["advantage_snr"] < 0.2
+    assert advantage_spread(adv, agreeing, torch.ones(B), 20.0)["advantage_snr"] > 10
+    assert advantage_spread(adv, noisy, torch.ones(B), 20.0)["advantage_abs_p50"] == pytest.approx(
+        adv.abs().median().item())
+
+
+def test_awr_diagnostics_reach_the_update_stats():
+    """A measured AWR step reports the advantage spread its weights came from."""
+    learner = _toy_learner(actor_update="awr", critic_warmup_updates=0, policy_delay=1)
+    rows = {"state": torch.randn(8, D), "base": torch.zeros(8, M), "action": torch.rand(8, M) * 0.2,
+            "is_anchor": torch.zeros(8)}
+    stats = learner._awr_step(rows, torch.zeros(8), diagnostics=True)
+    assert 0 < stats["awr_weight_ess"] <= 1 and stats["advantage_snr"] >= 0 and stats["advantage_head_std"] > 0
+    assert "awr_weight_ess" not in learner._awr_step(rows, torch.zeros(8), diagnostics=False)
+
+
+def test_measure_awr_reads_a_checkpoint_without_changing_the_run():
+    """measure_awr samples with its own generator: a run measured mid-way draws the same
+    batches afterwards as one never measured. The TD advantage cannot be measured from replay."""
+    buf = ReplayBuffer(256, D, M)
+    rng = np.random.default_rng(0)
+    for _ in range(64):
+        buf.add({"state": rng.normal(size=D), "base": np.zeros(M), "action": rng.uniform(-0.2, 0.2, M),
+                 "ret": 1.0, "next_state": rng.normal(size=D), "next_base": np.zeros(M), "discount": 0.0})
+    a, b = (_toy_learner(actor_update="awr", awr_advantage="q") for _ in range(2))
+    spread = a.measure_awr(buf, rows=128)
+    assert 0 < spread["awr_weight_ess"] <= 1 and spread["advantage_head_std"] > 0
+    assert torch.equal(a.generator.get_state(), b.generator.get_state())
+    with pytest.raises(ValueError, match="awr_advantage=td"):
+        _toy_learner(actor_update="awr", awr_advantage="td").measure_awr(buf)

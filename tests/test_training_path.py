@@ -58,6 +58,36 @@ def test_the_trainer_routes_by_source_and_owes_utd_updates_per_step_once_replay_
     assert "critic_loss" in trainer.last_stats
 
 
+def test_measured_updates_include_an_actor_step():
+    """Diagnostics are taken every DIAGNOSTICS_EVERY updates; the actor steps only every
+    policy_delay-th, so the measurement is carried to the next update that moves the actor
+    (otherwise, with an even period, no actor statistic would ever be measured)."""
+    import arli.rl.trainer as trainer_mod
+
+    for delay in (2, 3):
+        cfg = LearnerConfig(hidden=16, critic_hidden=16, critic_heads=2, critic_subset=2, batch_size=4,
+                            critic_warmup_updates=3, policy_delay=delay)
+        trainer = Trainer(ResidualLearner(cfg, D, M, seed=0), ReplayBuffer(100, D, M), ReplayBuffer(100, D, M), 1)
+        builder = TransitionBuilder(1, 0.9)
+        for i in range(12):
+            trainer.ingest(builder.step(_rec(i)), env_steps=1)
+        seen = []
+        update = trainer.learner.update
+        trainer.learner.update = lambda *a, diagnostics=False, **k: seen.append(diagnostics) or update(
+            *a, diagnostics=diagnostics, **k)
+        old, trainer_mod.DIAGNOSTICS_EVERY = trainer_mod.DIAGNOSTICS_EVERY, 4
+        try:
+            trainer.run_owed()
+        finally:
+            trainer_mod.DIAGNOSTICS_EVERY = old
+        assert "actor_grad_norm" in trainer.last_stats and "residual_abs" in trainer.last_stats
+        # call i runs update i + 1, an actor step when (i + 1) % delay == 0 past the warm-up of 3:
+        # call 0 is in the warm-up (not carried); calls 4 and 8 carry on to the next actor step
+        # (delay 2: 5 and 9; delay 3: 5, while call 8 is one itself)
+        measured = [i for i, m in enumerate(seen) if m]
+        assert measured == ([0, 4, 5, 8, 9] if delay == 2 else [0, 4, 5, 8])
+
+
 def test_actor_rows_take_the_same_path_and_nan_rows_are_counted_not_stored():
     trainer, layout = _trainer(learn_after=1, utd=1), RowLayout(D, M)
     builder = TransitionBuilder(1, 0.9)

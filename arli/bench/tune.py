@@ -185,11 +185,21 @@ def evaluate_run(run_dir: str, run_cfg: FinetuneConfig, seed_base: int, episodes
     final = ft.evaluate(episodes, seed_base)["outcomes"]
     base = ft.evaluate(episodes, seed_base, residual=False)["outcomes"] if with_base else None
     out = {"final": final, "base": base, "env_steps": ft.env_steps, "env": name, "delay_steps": delay,
-           "split": split}
+           "split": split, "awr": awr_spread(ft)}
     close = getattr(ft.env, "close", None)
     if close is not None:
         close()
     return out
+
+
+def awr_spread(ft) -> dict | None:
+    """How much the run's critic steers its actor at the end (``ResidualLearner.measure_awr``
+    on its online replay); None when its actor update is not AWR with a Q-based advantage."""
+    c = ft.learner.cfg
+    if c.actor_update != "awr" or c.awr_weights != "advantage" or c.q_weight == 0 or c.awr_advantage == "td" \
+            or len(ft.trainer.online) == 0:
+        return None
+    return {k: round(v, 6) for k, v in ft.learner.measure_awr(ft.trainer.online).items()}
 
 
 # -- the numbers and the choice -----------------------------------------------------------
@@ -199,14 +209,15 @@ def _gain(after: np.ndarray, before: np.ndarray) -> dict:
 
 
 def run_rows(labels: list[str], overrides: list[list[str]], finals: list, base, env_steps: list[int],
-             wall_s: list) -> list[dict]:
+             wall_s: list, awr: list | None = None) -> list[dict]:
     """Per run: its tune success with a 95% interval and the paired gains vs the reference
     (the first) and vs the base alone, all on the same episodes (1 x episodes matrices)."""
     base = np.asarray(base, float)[None]
     outcomes = [np.asarray(f, float)[None] for f in finals]
     rows = []
-    for label, over, x, steps, wall in zip(labels, overrides, outcomes, env_steps, wall_s):
-        rows.append({"label": label, "overrides": over, "env_steps": steps, "wall_s": wall,
+    for label, over, x, steps, wall, spread in zip(labels, overrides, outcomes, env_steps, wall_s,
+                                                    awr or [None] * len(labels)):
+        rows.append({"label": label, "overrides": over, "env_steps": steps, "wall_s": wall, "awr": spread,
                      "success": float(x.mean()), "ci95": list(success_ci(x)),
                      "gain_vs_reference": _gain(x, outcomes[0]), "gain_vs_base": _gain(x, base),
                      "outcomes": [int(v) for v in x[0]]})
@@ -266,6 +277,19 @@ def markdown(cfg: BenchTuneConfig, payload: dict) -> list[str]:
                   + ("— | — | — | " if i == 0 else
                      f"{gr['mean']:+.3f} | {gr['ci95'][0]:+.3f} – {gr['ci95'][1]:+.3f} | {gr['verdict']} | ")
                   + f"{gb['mean']:+.3f} | {gb['ci95'][0]:+.3f} – {gb['ci95'][1]:+.3f} | {gb['verdict']} |")
+    measured = [r for r in rows if r.get("awr")]
+    if measured:
+        md += ["", "What each critic steers at the end (AWR weights on 2,048 rows of the run's online replay, "
+               "`ResidualLearner.measure_awr`): the weights' effective sample size as a share of the rows (1 = "
+               "uniform, the critic steers nothing), the advantage's spread across rows against the heads' "
+               "disagreement about it (SNR < 1: the weights follow critic noise more than action quality).", "",
+               "| run | weight ESS | weights at the clip | advantage std | median \\|A\\| | heads' std of A | SNR |",
+               "|---|---:|---:|---:|---:|---:|---:|"]
+        for r in measured:
+            a = r["awr"]
+            md.append(f"| `{r['label']}` | {a['awr_weight_ess']:.3f} | {a['awr_weight_clipped']:.3f} | "
+                      f"{a['advantage_std']:.4f} | {a['advantage_abs_p50']:.4f} | "
+                      f"{a.get('advantage_head_std', float('nan')):.4f} | {a.get('advantage_snr', float('nan')):.2f} |")
     md += ["", f"**Chosen: `{chosen['chosen']}`.** {chosen['why']}.", "",
            "The rule, in code (`arli.bench.tune.choose`): the highest tune success among the runs whose paired "
            "gain over the reference has a 95% CI lower bound > 0; none -> the reference is kept. Each interval "
@@ -322,7 +346,7 @@ def main(cfg: BenchTuneConfig, evaluate: Evaluate = evaluate_run) -> int:
         tqdm.write(f"{labels[i]}: tune success {np.mean(res['final']):.3f} on {episodes} episodes")
     rows = run_rows(labels, [settings_diff(dicts[0], d) for d in dicts], [r["final"] for r in results],
                     results[0]["base"], [r.get("env_steps", s.get("env_steps")) for r, s in zip(results, summaries)],
-                    [s.get("wall_s") for s in summaries])
+                    [s.get("wall_s") for s in summaries], [r.get("awr") for r in results])
     base = np.asarray(results[0]["base"], float)[None]
     payload = {"env": results[0]["env"], "delay_steps": results[0]["delay_steps"], "reference": labels[0],
                "command": command_line(cfg), "eval": {"split": "tune", "seed_base": seed_base, "episodes": episodes},

@@ -191,6 +191,7 @@ def main(cfg: FinetuneConfig) -> int:
         "env_steps_per_s": round((ft.env_steps - steps_before) / max(train_s, 1e-9), 1),
         "updates_per_s": round((ft.learner.updates - updates_before) / max(train_s, 1e-9), 1),
         "train_time_s": ft.time_breakdown(),
+        "learner_diagnostics": ft.learner_diagnostics(),
         # episodes MuJoCo's reset of an unstable state ended early (counted as failures): the
         # test evaluations' own, and every episode of the run (training, guard, curve, test)
         "sim_unstable_episodes": {"test_base": base_eval["sim_unstable_episodes"],

@@ -57,6 +57,24 @@ def anchor_term(action: torch.Tensor, anchor_action: torch.Tensor, weight: torch
     return (per_row * weight).sum() / weight.sum().clamp(min=1.0)
 
 
+def advantage_spread(advantage: torch.Tensor, heads: torch.Tensor | None, weight: torch.Tensor,
+                     max_weight: float) -> dict[str, float]:
+    """What AWR's weights carry: advantages A (B,) across the batch against the critic heads'
+    disagreement about them (``heads`` (E, B): each head's own A; None for the TD advantage),
+    and the weights' (B,) effective sample size as a share of the batch (1 = uniform, the
+    critic steers nothing). ``advantage_snr`` < 1: the heads disagree about a row's advantage
+    by more than the rows differ, so the weights mostly follow critic noise."""
+    a = advantage.abs()
+    out = {"advantage_std": advantage.std().item(), "advantage_abs_p50": a.median().item(),
+           "awr_weight_ess": (weight.sum() ** 2 / (weight**2).sum().clamp(min=1e-12) / len(weight)).item(),
+           "awr_weight_clipped": (weight >= max_weight).float().mean().item()}
+    if heads is not None and len(heads) > 1:
+        disagreement = heads.std(0).mean()
+        out["advantage_head_std"] = disagreement.item()
+        out["advantage_snr"] = (advantage.std() / disagreement.clamp(min=1e-12)).item()
+    return out
+
+
 class ResidualLearner:
     """Owns the actor, critic, their targets and optimisers; one ``update`` = one gradient step."""
 
@@ -241,20 +259,47 @@ class ResidualLearner:
         if cfg.awr_weights == "uniform":  # the control: the critic steers nothing
             advantage, weight = torch.zeros_like(target), torch.ones_like(target)
         elif cfg.q_weight > 0:
-            with torch.no_grad():
-                value = self.critic(b["state"], compose_action(b["base"], r.detach(), cfg.residual_scale)).mean(0)
-                # "q": both sides from the same online heads, Q(s, a) - V(s) with V(s) = Q(s, pi(s))
-                if cfg.awr_advantage == "td":
-                    q_data = target
-                else:  # "q": the data's action; "q_bounded": where the regression target r_data acts
-                    action = b["action"] if cfg.awr_advantage == "q" else \
-                        compose_action(b["base"], r_data, cfg.residual_scale)
-                    q_data = self.critic(b["state"], action).mean(0)
-                advantage = q_data - value
-                weight = torch.exp(cfg.q_weight * advantage / cfg.awr_temperature).clamp(max=cfg.awr_max_weight)
+            advantage, heads, weight = self._awr_weights(b, r.detach(), r_data, target)
+            stats = {"advantage": advantage.mean().item()}
+            if diagnostics:
+                stats.update(advantage_spread(advantage, heads, weight, cfg.awr_max_weight))
+            return self._regress(b, r, r_data, weight, stats, diagnostics)
         else:
             advantage, weight = torch.zeros_like(target), b["is_anchor"]
         return self._regress(b, r, r_data, weight, {"advantage": advantage.mean().item()}, diagnostics)
+
+    @torch.no_grad()
+    def _awr_weights(self, b: dict[str, torch.Tensor], r: torch.Tensor, r_data: torch.Tensor,
+                     target: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """AWR's advantage A (B,), each head's own A (E, B) (None for ``td``) and the weights
+        (B,) for a batch, the actor's residuals r (B, m) and the data's r_data (B, m)."""
+        cfg = self.cfg
+        value_heads = self.critic(b["state"], compose_action(b["base"], r, cfg.residual_scale))
+        if cfg.awr_advantage == "td":
+            q_data, heads = target, None
+        else:  # "q": the data's action; "q_bounded": where the regression target r_data acts
+            action = b["action"] if cfg.awr_advantage == "q" else compose_action(b["base"], r_data, cfg.residual_scale)
+            q_heads = self.critic(b["state"], action)
+            q_data, heads = q_heads.mean(0), q_heads - value_heads
+        # "q": both sides from the same online heads, Q(s, a) - V(s) with V(s) = Q(s, pi(s))
+        advantage = q_data - value_heads.mean(0)
+        weight = torch.exp(cfg.q_weight * advantage / cfg.awr_temperature).clamp(max=cfg.awr_max_weight)
+        return advantage, heads, weight
+
+    @torch.no_grad()
+    def measure_awr(self, replay: ReplayBuffer, rows: int = 2048) -> dict[str, float]:
+        """AWR's advantage spread and weight ESS (``advantage_spread``) on ``rows`` rows of
+        ``replay`` at the current critic and actor: what a run's checkpoint says about how much
+        its critic steers the actor. Needs a Q-based advantage (``awr_advantage`` q or
+        q_bounded: the TD advantage needs each row's target)."""
+        if self.cfg.awr_advantage == "td":
+            raise ValueError("run.learner.awr_advantage=td: the advantage needs each row's TD target; measure a run "
+                             "with awr_advantage=q or q_bounded")
+        # its own generator: measuring a run mid-way leaves its draws (and so the run) unchanged
+        b = self._to_device(replay.sample(rows, torch.Generator().manual_seed(0)))
+        r_data = ((b["action"] - b["base"]) / self.cfg.residual_scale).clamp(-1, 1)
+        advantage, heads, weight = self._awr_weights(b, self.actor(b["state"]), r_data, None)
+        return advantage_spread(advantage, heads, weight, self.cfg.awr_max_weight)
 
     def _select_step(self, b: dict[str, torch.Tensor], diagnostics: bool) -> dict[str, float]:
         """Critic-selected regression (PA-RL / EXPO-style): the target of every row is the

@@ -31,6 +31,7 @@ class Trainer:
         self.rejected_rows = 0  # rows with NaN/inf, never stored
         self.owed = 0
         self.last_stats: dict[str, float] = {}
+        self._actor_unmeasured = False
 
     def ingest(self, transitions: list[Transition], env_steps: int) -> None:
         """Transitions into replay, ``env_steps`` environment steps taken to make them."""
@@ -64,9 +65,15 @@ class Trainer:
         """Run the owed updates (at most ``limit``); returns how many ran. Every
         ``DIAGNOSTICS_EVERY``-th is measured; ``last_stats`` holds the latest statistics."""
         n = self.owed if limit is None else min(self.owed, limit)
+        learner = self.learner
         for _ in range(n):
-            measure = self.learner.updates % DIAGNOSTICS_EVERY == 0
-            self.last_stats.update(self.learner.update(self.online, self.anchor, diagnostics=measure))
+            measure = self._actor_unmeasured or learner.updates % DIAGNOSTICS_EVERY == 0
+            stats = learner.update(self.online, self.anchor, diagnostics=measure)
+            self.last_stats.update(stats)
+            # the actor steps every policy_delay-th update only: a measured update without one
+            # passes the measurement on until an actor step is measured too
+            self._actor_unmeasured = (measure and "actor_loss" not in stats
+                                      and learner.updates >= learner.cfg.critic_warmup_updates)
             self.owed -= 1
         return n
 
