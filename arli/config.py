@@ -86,11 +86,14 @@ class PretrainConfig:
     eval_every: int = 1000
     eval_episodes: int = 20
     seed: int = 0
+    # torch threads while training: the order of float sums, so the weights, depend on the
+    # count; a fixed one makes the same seed and demos give the same base on machines alike
+    threads: int = 2
 
     def validate(self) -> None:
         self.env.validate()
         self.policy.validate()
-        _positive(self, "steps", "batch_size", "eval_every", "demos")
+        _positive(self, "steps", "batch_size", "eval_every", "demos", "threads")
         require(self.lr > 0, "lr", "> 0", self.lr)
 
 
@@ -401,10 +404,13 @@ class LatencySweepConfig(SimBase):
     eval_episodes: int = REPORTED_TEST_EPISODES  # test episodes per seed and cell (seeds run.test_seed ..), the same for every cell
     variants: list[str] = field(default_factory=lambda: list(DEFAULT_SWEEP_VARIANTS))
     workers: int = 2  # cell worker processes
-    report_only: bool = False  # rebuild the report from the cache, run nothing
+    # torch threads per cell: a run's float sums, so its result, follow the count, so it is part
+    # of each cell's fingerprint (not derived from the machine's cores: cells stay reusable)
+    threads: int = 1
+    report_only: bool = False  # rebuild the report from the cache and the committed cells, run nothing
     cache: str = "outputs/latency_sweep/cells_${env.name}.jsonl"
     report_dir: str = "reports"
-    name: str = "latency_sweep"  # the report: <report_dir>/<name>.{json,md,png}
+    name: str = "latency_sweep"  # the report: <report_dir>/<name>.{json,md,png}, its rows in <name>/cells.jsonl
 
     def validate(self) -> None:
         super().validate()
@@ -424,7 +430,7 @@ class LatencySweepConfig(SimBase):
                 "naive, blend or rtc (the residual acts inside asynchronous execution)", self.chunking.strategy)
         require(bool(self.name) and not set(self.name) & set("/\\"), "name",
                 "a file name without directories (the report is <report_dir>/<name>.*)", self.name)
-        _positive(self, "eval_episodes", "workers")
+        _positive(self, "eval_episodes", "workers", "threads")
 
 
 @dataclass

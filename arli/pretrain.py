@@ -16,6 +16,7 @@ from arli.config import PretrainConfig
 from arli.demos import collect_demos, load_chunk_dataset
 
 from arli.policies.flow import FlowChunkModel, FlowPolicy
+from arli.policies.load import policy_digest
 from arli.policies.flow_config import FlowHyperparams, FlowPolicyConfig
 
 
@@ -142,11 +143,17 @@ def pretrain(cfg: PretrainConfig) -> dict:
     policy = build_policy(data, cfg.policy)
     evaluate = make_evaluator(cfg.env.name, cfg.eval_episodes, seed=50_000, dt=cfg.env.dt,
                               image_size=policy.cfg.image_size, cameras=policy.cfg.cameras)
-    history = train_flow(policy, data, cfg.steps, cfg.batch_size, cfg.lr, cfg.weight_decay,
-                         cfg.seed, evaluate, cfg.eval_every)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        history = train_flow(policy, data, cfg.steps, cfg.batch_size, cfg.lr, cfg.weight_decay,
+                             cfg.seed, evaluate, cfg.eval_every)
+    finally:
+        torch.set_num_threads(threads)
     policy.save(cfg.output_dir)
     summary = {"env": cfg.env.name, "frames": int(len(data["state"])),
-               "episodes": int(data["episode_index"].max() + 1), "steps": cfg.steps,
+               "episodes": int(data["episode_index"].max() + 1), "steps": cfg.steps, "threads": cfg.threads,
+               "digest": policy_digest(cfg.output_dir),
                "train_time_s": round(time.time() - start, 1), "history": history}
     with open(os.path.join(cfg.output_dir, "pretrain_summary.json"), "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=1)

@@ -60,6 +60,12 @@ def test_latency_sweep_cells_cache_and_report(tmp_path):
     again = _sweep(tmp_path)
     assert again["cells"] == out["cells"]
     assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 13
+    # the report keeps the rows it was built from: a fresh clone (empty run cache, the same
+    # code and base) reruns the command and runs nothing
+    committed = tmp_path / "reports" / "latency_sweep" / "cells.jsonl"
+    assert len(committed.read_text().splitlines()) == 13
+    fresh = _sweep(tmp_path, cache="fresh.jsonl")
+    assert fresh["cells"] == out["cells"] and not (tmp_path / "fresh.jsonl").exists()
     # each row lists the source files its cell ran: the residual cells ran the learner, the
     # base-policy cells did not need it; a row whose learner file changed is stale
     by_variant = {r["variant"]: r for r in rows}
@@ -71,12 +77,12 @@ def test_latency_sweep_cells_cache_and_report(tmp_path):
     # recorded arli/config.py (older sweeps did) stays valid after the schema file changes
     schema_edit = [{**r, "sources": {**r["sources"], "arli/config.py": "0" * 16}} for r in rows]
     (tmp_path / "schema.jsonl").write_text("".join(json.dumps(r) + "\n" for r in schema_edit))
-    kept = _sweep(tmp_path, "report_only=true", cache="schema.jsonl")
+    kept = _sweep(tmp_path, "report_only=true", "name=schema", cache="schema.jsonl")
     assert kept["cells"] == out["cells"]
     edited = [{**r, "sources": {**r["sources"], "arli/rl/learner.py": "0" * 16}}
               if r["variant"] == "arli" else r for r in rows]
     (tmp_path / "stale.jsonl").write_text("".join(json.dumps(r) + "\n" for r in edited))
-    stale = _sweep(tmp_path, "report_only=true", cache="stale.jsonl")
+    stale = _sweep(tmp_path, "report_only=true", "name=stale", cache="stale.jsonl")
     assert ("arli", 4) not in {(c["variant"], c["delay_steps"]) for c in stale["cells"]}
     assert ("bc_control", 4) in {(c["variant"], c["delay_steps"]) for c in stale["cells"]}
     # a changed learner recipe invalidates the residual cells, not the base-policy ones; the
@@ -330,11 +336,17 @@ def test_a_cached_rl_row_without_its_anchored_start_is_recomputed(tmp_path):
     old = [{k: v for k, v in r.items() if k not in ("start_outcomes", "start_success")} for r in complete]
     path = tmp_path / "cells.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in old))
-    done = ls.load_cache(str(path), cfg_dict)
+    done = ls.load_cache([str(path)], cfg_dict)
     assert set(done) == {("base_naive", 4, 0), ("base_naive", 4, 1)}  # the arli rows are to run again
     assert [c for c in ls.plan(cfg) if c not in done] == [("arli", 4, 0), ("arli", 4, 1)]
+    # the complete rows in a second file (the report's committed cells) fill in what the first lacks
+    other = tmp_path / "committed.jsonl"
+    other.write_text("".join(json.dumps(r) + "\n" for r in complete))
+    assert len(ls.load_cache([str(path), str(other)], cfg_dict)) == 4
     path.write_text("".join(json.dumps(r) + "\n" for r in complete))
-    assert len(ls.load_cache(str(path), cfg_dict)) == 4
+    assert len(ls.load_cache([str(path)], cfg_dict)) == 4
+    # a cell run with another torch thread count summed its floats in another order: not reused
+    assert not ls.load_cache([str(path)], {**cfg_dict, "threads_per_worker": cfg_dict["threads_per_worker"] + 1})
 
 
 def test_controls_run_at_every_positive_delay_and_the_ceiling_once_per_delay():
@@ -435,3 +447,59 @@ def test_a_start_the_guard_replaced_by_the_base_is_named_in_the_cell():
     md = markdown({"cells": [cell], "ceiling": [], "eval": {"episodes": 100, "seed_base": 5_000_000},
                    "command": "arli bench latency-sweep", "checkpoint_digest": "x", "verdicts": [], "machine": {}}, cfg)
     assert "(= the base's outcomes on seeds [0])" in md
+
+
+def test_a_file_edited_while_a_worker_runs_makes_its_rows_stale(monkeypatch):
+    """A module first imported during a cell was read from disk then: if its file differs from
+    what it was when the worker started, which version ran is unknown, so the row must not be
+    reused (it used to be credited with the edited file's digest)."""
+    from arli.bench import latency_sweep as ls
+    import arli.stats  # noqa: F401
+    import arli.types  # noqa: F401
+
+    monkeypatch.setattr(ls, "_FIRST_SEEN", {})
+    at_start = {rel: ls._file_digest(rel) for rel in ls._code_files()}
+    assert "arli/rl/learner.py" in at_start and "sim_envs/peg_insert.py" in at_start
+    monkeypatch.setattr(ls, "_AT_START", {**at_start, "arli/stats.py": "0" * 16})  # edited since the start
+    seen = ls.loaded_sources()
+    assert seen["arli/stats.py"] == ls.CHANGED_WHILE_RUNNING
+    assert seen["arli/types.py"] == at_start["arli/types.py"]
+    assert not ls.sources_unchanged({"arli/stats.py": seen["arli/stats.py"]})
+    assert ls.sources_unchanged({"arli/types.py": seen["arli/types.py"]})
+    assert not ls.sources_unchanged({"arli/types.py": None})
+
+
+def test_committed_cells_merge_and_the_first_valid_row_wins(tmp_path):
+    """A rerun with fewer variants never drops committed rows; with a valid row for the same
+    cell in the run cache and in the committed file, the run cache's is used."""
+    from arli.bench import latency_sweep as ls
+
+    cfg = _cfg("delay_steps=[4]", "variants=[base_naive,arli]")
+    cfg_dict = ls.cell_settings(cfg)
+    sources = {"arli/stats.py": ls._file_digest("arli/stats.py")}
+    rows = [{**r, "fingerprint": ls.fingerprint(cfg_dict, r["variant"]), "sources": sources}
+            for r in _rows({("base_naive", 4): 30, ("arli", 4): (90, 80)})]
+    committed = tmp_path / "name" / "cells.jsonl"
+    ls.write_cells(str(committed), rows)
+    ls.write_cells(str(committed), [r for r in rows if r["variant"] == "base_naive"])  # fewer variants
+    assert len(ls.load_cache([str(committed)], cfg_dict)) == 4
+    assert len(committed.read_text().splitlines()) == 4 and not list(committed.parent.glob("*.tmp"))
+    other = [{**r, "success": 0.5} if r["variant"] == "arli" else r for r in rows]
+    cache = tmp_path / "cache.jsonl"
+    cache.write_text("".join(json.dumps(r) + "\n" for r in other))
+    done = ls.load_cache([str(cache), str(committed)], cfg_dict)
+    assert done[("arli", 4, 0)]["success"] == 0.5
+    assert ls.load_cache([str(committed), str(cache)], cfg_dict)[("arli", 4, 0)]["success"] != 0.5
+    with pytest.raises(TypeError, match="list of files"):
+        ls.load_cache(str(cache), cfg_dict)
+
+
+def test_cell_threads_are_a_setting_not_the_machine_s_cores():
+    from arli.bench import latency_sweep as ls
+
+    one, two = ls.cell_settings(_cfg("workers=1")), ls.cell_settings(_cfg("workers=3"))
+    assert one["threads_per_worker"] == two["threads_per_worker"] == 1
+    assert ls.fingerprint(one, "arli") == ls.fingerprint(two, "arli")
+    assert ls.fingerprint(ls.cell_settings(_cfg("threads=2")), "arli") != ls.fingerprint(one, "arli")
+    # the ceiling always runs on one thread: its cells do not depend on the setting
+    assert ls.fingerprint(ls.cell_settings(_cfg("threads=2")), "ceiling") == ls.fingerprint(one, "ceiling")

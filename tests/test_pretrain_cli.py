@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from arli.policies.flow import FlowPolicy
+from arli.policies.load import policy_digest
 from arli.types import PolicyRequest
 
 
@@ -34,6 +35,11 @@ def test_pretrain_then_bench_base(tmp_path):
     _arli("pretrain", *tiny, f"output_dir={tmp_path / 'seed1'}", "seed=1", "demos=4")
     weights = [(tmp_path / d / "model.safetensors").read_bytes() for d in ("ckpt", "again", "seed1")]
     assert weights[0] == weights[1] and weights[0] != weights[2]
+    # the digest a sweep keys its cells on follows the weights, not the summary's wall times
+    digests = [policy_digest(str(tmp_path / d)) for d in ("ckpt", "again", "seed1")]
+    assert digests[0] == digests[1] != digests[2]
+    assert summary["digest"] == digests[0] and summary["threads"] == 2
+    assert (ckpt / "pretrain_summary.json").read_bytes() != (tmp_path / "again" / "pretrain_summary.json").read_bytes()
     policy = FlowPolicy.load(str(ckpt))
     assert policy.cfg.instruction == "pick up the red cube and lift it"
     chunk = policy.infer(PolicyRequest.of(np.zeros(policy.cfg.state_dim, np.float32)))

@@ -12,10 +12,14 @@ with a two-level bootstrap interval over training seeds x episodes, gains as pai
 intervals (``arli.stats``), and the issue's expected results as verdicts computed from them.
 
 Cells run in worker processes and are cached as they finish (``cache``), so an interrupted
-sweep resumes where it stopped. A cached cell stays valid while its settings and the
-checkpoint's content are the same and every repository source file the cell actually ran
-(recorded per row) is unchanged: editing the transport or the Franka driver keeps a
-sweep's cells, editing the learner invalidates them.
+sweep resumes where it stopped. A cached cell stays valid while its settings, its torch
+thread count and the checkpoint's content (``policy_digest``) are the same and every
+repository source file the cell actually ran (recorded per row) is unchanged: editing the
+transport or the Franka driver keeps a sweep's cells, editing the learner invalidates them.
+The report's rows are also written to ``<report_dir>/<name>/cells.jsonl`` (merged with the
+rows already there) and read back as a cache, so a sweep too long for one sitting grows
+across fresh clones of the same code, as long as ``arli pretrain`` (pinned ``threads``)
+reproduces the base's digest there and cells run with the same ``threads``.
 """
 
 from __future__ import annotations
@@ -28,13 +32,43 @@ import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, replace
 
-import numpy as np
-from tqdm import tqdm
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CODE_PACKAGES = ("arli/", "sim_envs/", "robot_drivers/")
+# cannot change a cell's result: the CLI, reports, and the command schemas (``arli/config.py``:
+# the values it gives reach a cell only through the settings the fingerprint hashes)
+REPORT_ONLY_SOURCES = ("arli/cli.py", "arli/commands/", "arli/bench/", "arli/config.py")
 
-from arli.bench.common import machine_info, print_last_line_json, success_plot, write_report
-from arli.config import DEFAULT_SWEEP_VARIANTS, LatencySweepConfig
-from arli.pretrain import ensure_base_policy
-from arli.stats import gain_ci, success_ci, verdict
+
+def _file_digest(rel: str) -> str | None:
+    try:
+        with open(os.path.join(REPO, rel), "rb") as fh:
+            return hashlib.sha1(fh.read()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
+_FIRST_SEEN: dict[str, str] = {}  # per process: a module's digest when it was first seen loaded
+CHANGED_WHILE_RUNNING = "changed-while-running"  # never a file's digest: the row is stale
+
+
+def _code_files() -> list[str]:
+    return sorted(os.path.relpath(os.path.join(root, name), REPO).replace(os.sep, "/")
+                  for package in CODE_PACKAGES for root, _, files in os.walk(os.path.join(REPO, package))
+                  for name in files if name.endswith(".py"))
+
+
+# every code file's digest before this module imports the code cells run: forked workers
+# inherit the modules imported here (read from disk now) and this snapshot with them
+_AT_START: dict[str, str | None] = {rel: _file_digest(rel) for rel in _code_files()}
+
+import numpy as np  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from arli.bench.common import machine_info, print_last_line_json, success_plot, write_report  # noqa: E402
+from arli.config import DEFAULT_SWEEP_VARIANTS, LatencySweepConfig  # noqa: E402
+from arli.policies.load import policy_digest  # noqa: E402
+from arli.pretrain import ensure_base_policy  # noqa: E402
+from arli.stats import gain_ci, success_ci, verdict  # noqa: E402
 
 BASE_VARIANTS = {"base_sync": "sync", "base_naive": "naive", "base_rtc": "rtc"}
 ALL, POSITIVE = "all", "positive"  # every delay of the sweep / every delay of the sweep > 0
@@ -161,9 +195,11 @@ def fingerprint(cfg_dict: dict, variant: str) -> str:
     keys = {"env": cfg_dict["env"], "checkpoint": cfg_dict["checkpoint_digest"], "cell": cfg_dict["cell_code"],
             "eval_episodes": cfg_dict["eval_episodes"], "test_seed": cfg_dict["run"]["test_seed"],
             "chunk_size": cfg_dict["chunk_size"], "chunking": cfg_dict["chunking"], "format": CELL_FORMAT}
-    if variant == CEILING:
+    if variant == CEILING:  # one torch thread always (``ceiling.run_cell``)
         keys.update(scale=cfg_dict["run"]["learner"]["residual_scale"])
-    elif variant not in BASE_VARIANTS:
+    else:  # torch's float sums, so a policy's outputs and a run's result, follow the thread count
+        keys.update(threads=cfg_dict["threads_per_worker"])
+    if variant not in BASE_VARIANTS and variant != CEILING:
         keys.update(run=cfg_dict["run"], budget=cfg_dict["budget"], regime=cfg_dict["regime"])
     return hashlib.sha1(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -176,18 +212,50 @@ def row_complete(row: dict) -> bool:
     return row["variant"] not in RL_VARIANTS or ("start_outcomes" in row and "start_success" in row)
 
 
-def load_cache(path: str, cfg_dict: dict) -> dict[tuple, dict]:
-    """Cached cells whose settings match, whose row is complete and every source file they
-    ran is unchanged."""
+def load_cache(paths: list[str], cfg_dict: dict) -> dict[tuple, dict]:
+    """Cached cells, from every file of ``paths`` (the run cache, then the report's committed
+    cells), whose settings match, whose row is complete and every source file they ran is
+    unchanged; where several files hold a valid row for a cell, the first file's first row
+    wins (rerunning a cell means deleting it from both files)."""
+    if isinstance(paths, str):
+        raise TypeError("load_cache: paths is a list of files, not one path")
     done = {}
-    if os.path.exists(path):
+    for path in paths:
+        if not os.path.exists(path):
+            continue
         with open(path, encoding="utf-8") as fh:
             for line in fh:
                 row = json.loads(line)
-                if (row.get("fingerprint") == fingerprint(cfg_dict, row["variant"]) and row_complete(row)
-                        and sources_unchanged(row.get("sources"))):
-                    done[(row["variant"], row["delay_steps"], row["seed"])] = row
+                key = (row["variant"], row["delay_steps"], row["seed"])
+                if (key not in done and row.get("fingerprint") == fingerprint(cfg_dict, row["variant"])
+                        and row_complete(row) and sources_unchanged(row.get("sources"))):
+                    done[key] = row
     return done
+
+
+def committed_cells(cfg: LatencySweepConfig) -> str:
+    """Where a report keeps the rows it was built from (committed with it): a sweep rerun on a
+    fresh clone whose base has the same digest runs only the cells these lack."""
+    return os.path.join(cfg.report_dir, cfg.name, "cells.jsonl")
+
+
+def write_cells(path: str, rows: list[dict]) -> None:
+    """The report's rows, then every row already in the file for another cell or other
+    settings: a rerun with fewer variants, or under settings its rows do not match, never
+    loses committed cells (``load_cache`` picks the valid ones)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ours = {(r["variant"], r["delay_steps"], r["seed"], r.get("fingerprint")) for r in rows}
+    kept = []
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as fh:
+            kept = [row for row in map(json.loads, fh)
+                    if (row["variant"], row["delay_steps"], row["seed"], row.get("fingerprint")) not in ours]
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(row, sort_keys=True) + "\n" for row in [*rows, *kept])
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)  # a crash mid-write keeps the previous file
 
 
 # -- aggregation --------------------------------------------------------------------------
@@ -464,55 +532,30 @@ def plot(cells: list[dict], ceiling: list[dict], path: str, title: str) -> None:
             ax.set_xticks(delays)
 
 
-def checkpoint_digest(path: str) -> str:
-    """Content hash of a checkpoint directory (not its path: a re-trained base invalidates)."""
-    h = hashlib.sha1()
-    for root, _, files in sorted(os.walk(path)):
-        for name in sorted(files):
-            h.update(name.encode())
-            with open(os.path.join(root, name), "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
-    return h.hexdigest()[:12]
-
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CODE_PACKAGES = ("arli/", "sim_envs/", "robot_drivers/")
-# cannot change a cell's result: the CLI, reports, and the command schemas (``arli/config.py``:
-# the values it gives reach a cell only through the settings the fingerprint hashes)
-REPORT_ONLY_SOURCES = ("arli/cli.py", "arli/commands/", "arli/bench/", "arli/config.py")
-
-
-def _file_digest(rel: str) -> str | None:
-    try:
-        with open(os.path.join(REPO, rel), "rb") as fh:
-            return hashlib.sha1(fh.read()).hexdigest()[:16]
-    except OSError:
-        return None
-
-
-_FIRST_SEEN: dict[str, str | None] = {}  # per process: a module's digest when it was first seen loaded
-
-
-def loaded_sources() -> dict[str, str | None]:
+def loaded_sources() -> dict[str, str]:
     """{repo-relative path: content digest} of every repository module this process has
     imported (minus the CLI and report code): after a cell ran, exactly the code its result
-    can depend on (a worker's earlier cells can only add files, never hide one). A file's
-    digest is the one it had when first seen in this process (``init_worker`` sees the
-    cell's modules before any cell runs), so an edit made while a sweep runs cannot be
-    credited to cells that ran the code from before it."""
+    can depend on (a worker's earlier cells can only add files, never hide one). A module
+    first imported during a cell is read from disk then, so a file edited since the worker
+    started cannot be told apart from the one that ran: it is recorded as
+    ``CHANGED_WHILE_RUNNING`` and its rows run again next time."""
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
         if not path or not os.path.abspath(path).startswith(REPO + os.sep):
             continue
         rel = os.path.relpath(os.path.abspath(path), REPO).replace(os.sep, "/")
         if rel.startswith(CODE_PACKAGES) and not rel.startswith(REPORT_ONLY_SOURCES) and rel not in _FIRST_SEEN:
-            _FIRST_SEEN[rel] = _file_digest(rel)
+            now = _file_digest(rel)
+            _FIRST_SEEN[rel] = now if now is not None and _AT_START.get(rel, now) == now else CHANGED_WHILE_RUNNING
     return dict(sorted(_FIRST_SEEN.items()))
 
 
 def init_worker() -> None:
-    """Pool initializer: import what cells run and note the files' digests right away."""
+    """Pool initializer: import what cells run and note the loaded files' digests right away
+    (against the snapshot taken when this module was first imported: inherited by a forked
+    worker, taken afresh by a spawned one)."""
+    if not _AT_START:
+        _AT_START.update({rel: _file_digest(rel) for rel in _code_files()})
     import arli.finetune  # noqa: F401, PLC0415
     import arli.rollout  # noqa: F401, PLC0415
     import sim_envs.experts  # noqa: F401, PLC0415
@@ -523,7 +566,7 @@ def init_worker() -> None:
 def sources_unchanged(sources: dict[str, str] | None) -> bool:
     """True when every file a cached cell ran still has the content it had (a row without
     the list, from an older sweep, is stale)."""
-    return bool(sources) and all(_file_digest(rel) == digest for rel, digest in sources.items()
+    return bool(sources) and all(digest is not None and _file_digest(rel) == digest for rel, digest in sources.items()
                                  if not rel.startswith(REPORT_ONLY_SOURCES))
 
 
@@ -541,11 +584,11 @@ def cell_settings(cfg: LatencySweepConfig) -> dict:
     from sim_envs.registry import task_name  # noqa: PLC0415
 
     return {"env": {**asdict(cfg.env), "name": task_name(cfg.env.name)}, "checkpoint": cfg.checkpoint,
-            "eval_episodes": cfg.eval_episodes, "checkpoint_digest": checkpoint_digest(cfg.checkpoint),
+            "eval_episodes": cfg.eval_episodes, "checkpoint_digest": policy_digest(cfg.checkpoint),
             "cell_code": cell_code(), "regime": cfg.run.regime,
             "budget": cfg.budget, "run": asdict(cfg.run), "chunking": asdict(cfg.chunking),
             "chunk_size": cfg.pretrain.policy.chunk_size,
-            "threads_per_worker": max(1, (os.cpu_count() or 2) // cfg.workers)}
+            "threads_per_worker": cfg.threads}
 
 
 def report(rows: list[dict], cfg: LatencySweepConfig, missing: list) -> tuple[dict, str]:
@@ -557,7 +600,7 @@ def report(rows: list[dict], cfg: LatencySweepConfig, missing: list) -> tuple[di
                "eval": {"split": "test", "seed_base": cfg.run.test_seed, "episodes": cfg.eval_episodes},
                "cells": public(cells), "ceiling": ceiling, "verdicts": checks,
                "missing": [list(c) for c in missing], "checkpoint": cfg.checkpoint,
-               "checkpoint_digest": checkpoint_digest(cfg.checkpoint), "command": command(cfg),
+               "checkpoint_digest": policy_digest(cfg.checkpoint), "command": command(cfg),
                "machine": machine_info()}
     md = markdown(payload, cfg) + (f"\nNot run yet ({len(missing)} cells): {missing}\n" if missing else "")
     return payload, md
@@ -567,7 +610,7 @@ def main(cfg: LatencySweepConfig) -> int:
     ensure_base_policy(cfg.checkpoint, cfg.pretrain, cfg.env)
     cfg_dict = cell_settings(cfg)
     os.makedirs(os.path.dirname(cfg.cache) or ".", exist_ok=True)
-    done = load_cache(cfg.cache, cfg_dict)
+    done = load_cache([cfg.cache, committed_cells(cfg)], cfg_dict)
     todo = [] if cfg.report_only else [c for c in plan(cfg) if c not in done]
     print(f"latency sweep: {len(done)} cells cached, {len(todo)} to run (budget {cfg.budget} env steps)")
     if todo:
@@ -584,7 +627,9 @@ def main(cfg: LatencySweepConfig) -> int:
                 tqdm.write(f"{row['variant']:>18} d={row['delay_steps']} seed={row['seed']}: "
                            f"success {row['success']:.2f}{start}")
     missing = [c for c in plan(cfg) if c not in done]
-    payload, md = report([done[c] for c in plan(cfg) if c in done], cfg, missing)
+    rows = [done[c] for c in plan(cfg) if c in done]
+    payload, md = report(rows, cfg, missing)
+    write_cells(committed_cells(cfg), rows)
     os.makedirs(cfg.report_dir, exist_ok=True)
     plot(payload["cells"], payload["ceiling"], os.path.join(cfg.report_dir, f"{cfg.name}.png"),
          f"{cfg.env.name}: success vs delay (budget {cfg.budget} steps, {len(cfg.seeds)} seeds)")
@@ -592,6 +637,13 @@ def main(cfg: LatencySweepConfig) -> int:
     print(md)
     print_last_line_json(payload)
     return 0
+
+
+def _digest_note(digest: str) -> str:
+    if digest == "expert":
+        return ""
+    return (f" (digest of its weights and configs `{digest}`: a built-in base re-trained by `arli pretrain` at "
+            "the same seed, demos and `threads` gets it again on the same machine)")
 
 
 def non_default_settings(cfg: LatencySweepConfig) -> list[str]:
@@ -651,8 +703,7 @@ def markdown(p: dict, cfg: LatencySweepConfig) -> str:
         f"Command: `{p['command']}`\n\n"
         f"Budget: {cfg.budget} environment steps per RL run; training seeds {list(cfg.seeds)}; every cell on "
         f"the same {e['episodes']} test episodes (seeds {e['seed_base']}.., disjoint from the tune seeds every "
-        f"choice of a setting saw); regime `{cfg.run.regime}`; base policy `{cfg.checkpoint}` (content digest "
-        f"`{p['checkpoint_digest']}`: a base re-trained on another machine differs), async `{cfg.chunking.strategy}` "
+        f"choice of a setting saw); regime `{cfg.run.regime}`; base policy `{cfg.checkpoint}`{_digest_note(p['checkpoint_digest'])}, async `{cfg.chunking.strategy}` "
         f"switching for the residual variants, anchor data from `run.demonstrations={cfg.run.demonstrations}`. "
         "Success: mean over seeds x episodes with a 95% two-level "
         "bootstrap interval (training seeds, then episodes). Anchored start: the same run after anchor "

@@ -19,5 +19,6 @@ def main(cfg: PretrainConfig) -> int:
     summary = pretrain(cfg)
     last = summary["history"][-1] if summary["history"] else {}
     print(f"saved {cfg.output_dir}  ({summary['frames']} frames, {summary['train_time_s']} s, "
-          f"final sync success {last.get('success', float('nan')):.2f})")
+          f"final sync success {last.get('success', float('nan')):.2f}, digest {summary['digest']} "
+          f"with {summary['threads']} threads)")
     return 0

@@ -2,10 +2,33 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
 EXPERT = "expert"  # the scripted expert's open-loop chunks (no checkpoint needed)
+# files a checkpoint directory may hold that record how it was made, not what it does
+RECORD_FILES = frozenset({"pretrain_summary.json"})
+
+
+def policy_digest(path: str) -> str:
+    """Content hash (12 hex digits) of a checkpoint directory's weights, configs and
+    processors: two directories with equal digests drive the robot identically. Files that
+    only record how it was made (``RECORD_FILES``: wall times, curves) and the path are left
+    out, so a base re-trained with the same seed, demos and ``threads`` hashes the same."""
+    if path == EXPERT:
+        return EXPERT
+    h = hashlib.sha1()
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for name in sorted(files):
+            if name in RECORD_FILES:
+                continue
+            h.update(os.path.relpath(os.path.join(root, name), path).encode())
+            with open(os.path.join(root, name), "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest()[:12]
 
 
 def load_base_policy(path: str, task: str = "", env_name: str = "", chunk_size: int = 16,
