@@ -87,7 +87,8 @@ class PretrainConfig:
     eval_episodes: int = 20
     seed: int = 0
     # torch threads while training: the order of float sums, so the weights, depend on the
-    # count; a fixed one makes the same seed and demos give the same base on machines alike
+    # count; a fixed one makes the same seed and demos give the same base on one machine (another
+    # machine of the same kind: not checked yet)
     threads: int = 2
 
     def validate(self) -> None:
