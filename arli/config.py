@@ -409,6 +409,10 @@ class LatencySweepConfig(SimBase):
     # of each cell's fingerprint (not derived from the machine's cores: cells stay reusable)
     threads: int = 1
     report_only: bool = False  # rebuild the report from the cache and the committed cells, run nothing
+    # with report_only: the digest of the base the cells ran on, where this machine's `arli pretrain`
+    # trains another one (CPU kernels sum floats in another order), so a committed report can be
+    # rebuilt here; "" = this machine's base
+    base_digest: str = ""
     cache: str = "outputs/latency_sweep/cells_${env.name}.jsonl"
     report_dir: str = "reports"
     name: str = "latency_sweep"  # the report: <report_dir>/<name>.{json,md,png}, its rows in <name>/cells.jsonl
@@ -432,6 +436,8 @@ class LatencySweepConfig(SimBase):
         require(bool(self.name) and not set(self.name) & set("/\\"), "name",
                 "a file name without directories (the report is <report_dir>/<name>.*)", self.name)
         _positive(self, "eval_episodes", "workers", "threads")
+        require(not self.base_digest or self.report_only, "base_digest",
+                "empty unless report_only=true (cells run on this machine's base only)", self.base_digest)
 
 
 @dataclass

@@ -92,6 +92,13 @@ def test_latency_sweep_cells_cache_and_report(tmp_path):
     assert len(changed["ceiling"]) == 1
     rescaled = _sweep(tmp_path, "run.learner.residual_scale=0.5", "report_only=true")
     assert rescaled["ceiling"] == []
+    # a report rebuilt from the cells of a base this machine does not train: only the cells of
+    # the named base are used, and the report names it
+    other = _sweep(tmp_path, "report_only=true", "base_digest=0123456789ab", "name=otherbase")
+    assert other["cells"] == [] and other["ceiling"] == [] and other["checkpoint_digest"] == "0123456789ab"
+    named = _sweep(tmp_path, "report_only=true", f"base_digest={out['checkpoint_digest']}", "name=named")
+    assert named["cells"] == out["cells"] and named["rebuilt_from_cells_of_base"] == out["checkpoint_digest"]
+    assert "Rebuilt from the committed cells of base" in (tmp_path / "reports" / "named.md").read_text()
 
 
 # -- hand-built rows -----------------------------------------------------------------------
@@ -503,3 +510,12 @@ def test_cell_threads_are_a_setting_not_the_machine_s_cores():
     assert ls.fingerprint(ls.cell_settings(_cfg("threads=2")), "arli") != ls.fingerprint(one, "arli")
     # the ceiling always runs on one thread: its cells do not depend on the setting
     assert ls.fingerprint(ls.cell_settings(_cfg("threads=2")), "ceiling") == ls.fingerprint(one, "ceiling")
+
+
+def test_base_digest_only_rebuilds_reports():
+    """Cells run on this machine's base: a base digest from elsewhere only rebuilds a report."""
+    from arli.config import ConfigError
+
+    with pytest.raises(ConfigError, match="base_digest"):
+        compose("bench_latency_sweep", ["base_digest=280b12aa66b9"])
+    assert compose("bench_latency_sweep", ["base_digest=280b12aa66b9", "report_only=true"]).base_digest == "280b12aa66b9"

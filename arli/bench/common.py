@@ -9,8 +9,21 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), or the platform's processor string: a base
+    trained here is reproduced by machines with the same CPU kernels, not across them."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def machine_info() -> dict[str, Any]:
-    return {"cpus": os.cpu_count(), "python": platform.python_version(),
+    return {"cpus": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version(),
             "machine": platform.machine()}
 
 

@@ -584,11 +584,17 @@ def cell_settings(cfg: LatencySweepConfig) -> dict:
     from sim_envs.registry import task_name  # noqa: PLC0415
 
     return {"env": {**asdict(cfg.env), "name": task_name(cfg.env.name)}, "checkpoint": cfg.checkpoint,
-            "eval_episodes": cfg.eval_episodes, "checkpoint_digest": policy_digest(cfg.checkpoint),
+            "eval_episodes": cfg.eval_episodes, "checkpoint_digest": base_digest(cfg),
             "cell_code": cell_code(), "regime": cfg.run.regime,
             "budget": cfg.budget, "run": asdict(cfg.run), "chunking": asdict(cfg.chunking),
             "chunk_size": cfg.pretrain.policy.chunk_size,
             "threads_per_worker": cfg.threads}
+
+
+def base_digest(cfg: LatencySweepConfig) -> str:
+    """The digest of the base the cells ran on: ``cfg.base_digest`` when a report is rebuilt
+    from another machine's cells, else this checkpoint's."""
+    return cfg.base_digest or policy_digest(cfg.checkpoint)
 
 
 def report(rows: list[dict], cfg: LatencySweepConfig, missing: list) -> tuple[dict, str]:
@@ -600,14 +606,17 @@ def report(rows: list[dict], cfg: LatencySweepConfig, missing: list) -> tuple[di
                "eval": {"split": "test", "seed_base": cfg.run.test_seed, "episodes": cfg.eval_episodes},
                "cells": public(cells), "ceiling": ceiling, "verdicts": checks,
                "missing": [list(c) for c in missing], "checkpoint": cfg.checkpoint,
-               "checkpoint_digest": policy_digest(cfg.checkpoint), "command": command(cfg),
+               "checkpoint_digest": base_digest(cfg), "command": command(cfg),
                "machine": machine_info()}
+    if cfg.base_digest:  # the cells ran where `arli pretrain` trains this base, not necessarily here
+        payload["rebuilt_from_cells_of_base"] = cfg.base_digest
     md = markdown(payload, cfg) + (f"\nNot run yet ({len(missing)} cells): {missing}\n" if missing else "")
     return payload, md
 
 
 def main(cfg: LatencySweepConfig) -> int:
-    ensure_base_policy(cfg.checkpoint, cfg.pretrain, cfg.env)
+    if not cfg.base_digest:  # rebuilding another machine's report needs no base here
+        ensure_base_policy(cfg.checkpoint, cfg.pretrain, cfg.env)
     cfg_dict = cell_settings(cfg)
     os.makedirs(os.path.dirname(cfg.cache) or ".", exist_ok=True)
     done = load_cache([cfg.cache, committed_cells(cfg)], cfg_dict)
@@ -701,7 +710,11 @@ def markdown(p: dict, cfg: LatencySweepConfig) -> str:
     return (
         f"# Latency sweep — `{cfg.env.name}`\n\n"
         f"Command: `{p['command']}`\n\n"
-        f"Budget: {cfg.budget} environment steps per RL run; training seeds {list(cfg.seeds)}; every cell on "
+        + (f"Rebuilt from the committed cells of base `{p['rebuilt_from_cells_of_base']}` (`report_only=true "
+           f"base_digest={p['rebuilt_from_cells_of_base']}`): they ran on a machine whose `arli pretrain` trains "
+           "that base; the machine below is where the report was rebuilt.\n\n"
+           if p.get("rebuilt_from_cells_of_base") else "")
+        + f"Budget: {cfg.budget} environment steps per RL run; training seeds {list(cfg.seeds)}; every cell on "
         f"the same {e['episodes']} test episodes (seeds {e['seed_base']}.., disjoint from the tune seeds every "
         f"choice of a setting saw); regime `{cfg.run.regime}`; base policy `{cfg.checkpoint}`{_digest_note(p['checkpoint_digest'])}, async `{cfg.chunking.strategy}` "
         f"switching for the residual variants, anchor data from `run.demonstrations={cfg.run.demonstrations}`. "
