@@ -308,3 +308,67 @@ def test_a_chunk_with_nan_or_inf_is_never_sent_and_finite_ones_arrive_exactly(ba
             np.testing.assert_array_equal(reply["actions"], chunk.astype(np.float32))
     finally:
         server.close()
+
+
+def test_a_connection_monitor_is_not_refused_by_an_endpoint_a_reaped_socket_left():
+    """pyzmq names a monitor inproc://monitor.s-<fd>; while libzmq reaps a closed socket
+    that endpoint stays bound, and a new socket reusing the fd number was refused
+    (EADDRINUSE, seen once in CI). Each monitor gets its own name, and both still see
+    their socket's handshake."""
+    from arli.transport.zmq_io import ConnectionMonitor
+
+    ctx = zmq.Context.instance()
+    (port,) = free_ports(1)
+    server = ctx.socket(zmq.ROUTER)
+    server.bind(f"tcp://127.0.0.1:{port}")
+    sock = ctx.socket(zmq.DEALER)
+    stale = ctx.socket(zmq.PAIR)
+    stale.bind(f"inproc://monitor.s-{sock.FD}")  # what the reaped socket's monitor left bound
+    other = ctx.socket(zmq.DEALER)
+    try:
+        monitors = [ConnectionMonitor(sock), ConnectionMonitor(other)]
+        for s in (sock, other):
+            s.connect(f"tcp://127.0.0.1:{port}")
+        deadline = time.monotonic() + 10
+        while not all(m.update() for m in monitors) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert all(m.connected for m in monitors)
+        for m in monitors:
+            m.close()
+        # closing a monitor frees its endpoint: the socket can be monitored again
+        ConnectionMonitor(sock).close()
+    finally:
+        for s in (sock, other, stale, server):
+            s.close(linger=0)
+
+
+def test_the_client_sees_a_handshake_that_completes_before_its_monitor_would_have_started(monkeypatch):
+    """The monitor is attached before the socket connects: a loopback handshake done in well
+    under a millisecond was otherwise never reported, and the robot held for a whole episode
+    with a server answering (seen in CI). A slow monitor start makes that race certain."""
+    from arli.runtime.server import InferenceServer
+    from arli.transport import inference_client, zmq_io
+
+    class SlowToStart(zmq_io.ConnectionMonitor):
+        def __init__(self, sock):
+            time.sleep(0.3)
+            super().__init__(sock)
+
+    monkeypatch.setattr(inference_client, "ConnectionMonitor", SlowToStart)
+    (port,) = free_ports(1)
+    server = InferenceServer(FailingPolicy(), f"tcp://127.0.0.1:{port}")
+    stop_event = threading.Event()
+    thread = threading.Thread(target=server.serve, args=(stop_event,), daemon=True)
+    thread.start()
+    try:
+        inference = RemoteInference(f"tcp://127.0.0.1:{port}", 0.05)
+        inference.connect(timeout_s=10)
+        deadline = time.monotonic() + 5
+        while not inference.healthy() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert inference.healthy()
+        inference.close()
+    finally:
+        stop_event.set()
+        thread.join()
+        server.close()

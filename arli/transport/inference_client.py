@@ -18,7 +18,7 @@ import zmq
 from arli.latency import MeasuredLatency, PlansFromMeasured
 from arli.logs import RateLimitedLog
 from arli.transport.codec import MAX_MESSAGE_BYTES, ProtocolError, decode, encode, encode_frames
-from arli.transport.zmq_io import ConnectionMonitor, CurveConfig, connect_socket
+from arli.transport.zmq_io import ConnectionMonitor, CurveConfig, client_socket
 from arli.types import ChunkReply, ChunkRequest, Observation
 
 log = logging.getLogger("arli.inference")
@@ -41,8 +41,9 @@ class RemoteInference(PlansFromMeasured):
         self.address, self.dt, self.quantile, self.instruction = address, dt, quantile, instruction
         self.max_bytes = max_bytes
         self.ctx = zmq.Context.instance()
-        self.sock = connect_socket(self.ctx, zmq.DEALER, address, curve)
-        self.monitor = ConnectionMonitor(self.sock)
+        self.sock = client_socket(self.ctx, zmq.DEALER, curve)
+        self.monitor = ConnectionMonitor(self.sock)  # before connecting: it must see the handshake
+        self.sock.connect(address)
         self.measured = MeasuredLatency(dt, initial_delay_steps, quantile)
         self.meta: dict = {}
         self.chunk_size = self.action_dim = 0

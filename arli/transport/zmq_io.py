@@ -8,6 +8,7 @@ the public keys of the clients a server accepts.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -111,7 +112,16 @@ def stop_auth(ctx: zmq.Context) -> None:
 
 
 def connect_socket(ctx: zmq.Context, kind: int, address: str, curve: CurveConfig | None = None) -> zmq.Socket:
-    """A client-side socket; IMMEDIATE so nothing queues for a peer that is not connected."""
+    """A client-side socket (``client_socket``), connected to ``address``."""
+    sock = client_socket(ctx, kind, curve)
+    sock.connect(address)
+    return sock
+
+
+def client_socket(ctx: zmq.Context, kind: int, curve: CurveConfig | None = None) -> zmq.Socket:
+    """A client-side socket, not yet connected (attach a ``ConnectionMonitor`` first: a
+    handshake that completes before the monitor exists is never reported); IMMEDIATE so
+    nothing queues for a peer that is not connected."""
     sock = ctx.socket(kind)
     _tune(sock)
     if kind in (zmq.DEALER, zmq.REQ, zmq.PUSH):
@@ -122,7 +132,6 @@ def connect_socket(ctx: zmq.Context, kind: int, address: str, curve: CurveConfig
         public, secret = zmq.auth.load_certificate(curve.path("client.key_secret"))
         server_public, _ = zmq.auth.load_certificate(curve.path("server.key"))
         sock.curve_secretkey, sock.curve_publickey, sock.curve_serverkey = secret, public, server_public
-    sock.connect(address)
     return sock
 
 
@@ -131,11 +140,19 @@ _DOWN = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HA
          | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_CLOSED)
 
 
+_MONITOR_IDS = itertools.count()
+
+
 class ConnectionMonitor:
     """Tracks whether ``sock`` has a live, handshaken connection (ZMQ socket monitor events)."""
 
     def __init__(self, sock: zmq.Socket):
-        self._mon = sock.get_monitor_socket(_UP | _DOWN)
+        # pyzmq's default endpoint, inproc://monitor.s-<fd>, is still bound while a closed
+        # socket with the same fd number is reaped, so a new socket reusing the fd gets
+        # EADDRINUSE: a per-process unique name cannot collide
+        self._sock = sock
+        name = f"inproc://arli-monitor-{os.getpid()}-{next(_MONITOR_IDS)}"
+        self._mon = sock.get_monitor_socket(_UP | _DOWN, addr=name)
         self.connected = False
         self.disconnects = 0
 
@@ -151,4 +168,6 @@ class ConnectionMonitor:
         return self.connected
 
     def close(self) -> None:
+        if not self._sock.closed:
+            self._sock.disable_monitor()
         self._mon.close(linger=0)
