@@ -4,6 +4,7 @@ control period when the server dies, resuming when it returns."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -162,16 +163,27 @@ class FailingPolicy:
         raise ValueError("this policy cannot read the state")
 
 
-def test_a_policy_error_is_given_up_at_once_not_at_the_request_timeout():
+@contextlib.contextmanager
+def failing_server():
+    """A real InferenceServer serving ``FailingPolicy`` on a thread -> its address."""
     from arli.runtime.server import InferenceServer
 
-    (port,) = free_ports(1)
-    server = InferenceServer(FailingPolicy(), f"tcp://127.0.0.1:{port}")
+    address = f"tcp://127.0.0.1:{free_ports(1)[0]}"
+    server = InferenceServer(FailingPolicy(), address)
     stop_event = threading.Event()
     thread = threading.Thread(target=server.serve, args=(stop_event,), daemon=True)
     thread.start()
     try:
-        inference = RemoteInference(f"tcp://127.0.0.1:{port}", 0.05, initial_delay_steps=2)
+        yield address
+    finally:
+        stop_event.set()
+        thread.join()
+        server.close()
+
+
+def test_a_policy_error_is_given_up_at_once_not_at_the_request_timeout():
+    with failing_server() as address:
+        inference = RemoteInference(address, 0.05, initial_delay_steps=2)
         inference.connect(timeout_s=10)
         env = make_env("pick_cube", max_episode_steps=60)
         sched = ChunkScheduler(16, 8, 5, "async", "naive", 4, hold=gripper_hold(5))
@@ -179,10 +191,6 @@ def test_a_policy_error_is_given_up_at_once_not_at_the_request_timeout():
         result = run_episode(SimDriver(env, now=time.perf_counter), inference, sched, MonotonicClock(0.05), 0,
                              recorder)
         inference.close()
-    finally:
-        stop_event.set()
-        thread.join()
-        server.close()
     assert all(starved for _, starved, _ in recorder.steps)  # never anything but the hold
     # re-requested at once: several failures inside 60 steps, where waiting for the request
     # timeout (10 chunks = 160 steps) would give none. Not a count per step: a loaded machine
@@ -346,7 +354,6 @@ def test_the_client_sees_a_handshake_that_completes_before_its_monitor_would_hav
     """The monitor is attached before the socket connects: a loopback handshake done in well
     under a millisecond was otherwise never reported, and the robot held for a whole episode
     with a server answering (seen in CI). A slow monitor start makes that race certain."""
-    from arli.runtime.server import InferenceServer
     from arli.transport import inference_client, zmq_io
 
     class SlowToStart(zmq_io.ConnectionMonitor):
@@ -355,20 +362,11 @@ def test_the_client_sees_a_handshake_that_completes_before_its_monitor_would_hav
             super().__init__(sock)
 
     monkeypatch.setattr(inference_client, "ConnectionMonitor", SlowToStart)
-    (port,) = free_ports(1)
-    server = InferenceServer(FailingPolicy(), f"tcp://127.0.0.1:{port}")
-    stop_event = threading.Event()
-    thread = threading.Thread(target=server.serve, args=(stop_event,), daemon=True)
-    thread.start()
-    try:
-        inference = RemoteInference(f"tcp://127.0.0.1:{port}", 0.05)
+    with failing_server() as address:
+        inference = RemoteInference(address, 0.05)
         inference.connect(timeout_s=10)
         deadline = time.monotonic() + 5
         while not inference.healthy() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert inference.healthy()
         inference.close()
-    finally:
-        stop_event.set()
-        thread.join()
-        server.close()
