@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export MUJOCO_GL ?= egl
 
-.PHONY: setup demo smoke test test-fast bench clean
+.PHONY: setup demo smoke test test-fast test-pi pi-env bench clean
 
 $(STAMP): pyproject.toml uv.lock
 	@$(PY) -m uv --version >/dev/null 2>&1 || $(PY) -m pip install --quiet uv
@@ -31,8 +31,16 @@ test: setup
 test-fast: setup
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" tests
 
+# pi0 / pi0.5 need transformers patched for openpi, in an environment of their own (docs/vla.md);
+# OPENPI=<openpi checkout> patches transformers 4.53.2 with its files, else huggingface's fork
+pi-env: setup
+	PY=$(PY) scripts/pi_env.sh .venv-pi $(OPENPI)
+
+test-pi:
+	.venv-pi/bin/python -m pytest -q -p no:cacheprovider -m slow -k pi_policies tests/test_vla_serving.py
+
 bench: setup
 	$(VENV)/bin/arli bench sim --json
 
 clean:
-	rm -rf $(VENV) outputs
+	rm -rf $(VENV) .venv-pi outputs

@@ -10,6 +10,7 @@ otherwise, and without it a pi0 checkpoint is refused in one line that says what
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -35,9 +36,10 @@ N, M = 9, 5  # the Franka driver's proprioception and its [dx, dy, dz, dyaw, gri
 CAMERAS = {"front": (3, 32, 32), "wrist": (3, 24, 32)}  # name -> (3, h, w)
 PICK, DRAWER = "pick up the red cube", "open the drawer"
 STATE = np.linspace(-1, 1, N).astype(np.float32)
-NO_FORK = ("LeRobot 0.4.4's pi0/pi0.5 need huggingface's transformers fork (fix/lerobot_openpi, 4.53.2), which "
-           "is not on PyPI, not reachable here, and conflicts with SmolVLA's transformers>=4.57.1 (lerobot "
-           f"#2707): run this in an environment with pip install '{PI_TRANSFORMERS}'")
+NO_FORK = ("LeRobot 0.4.4's pi0/pi0.5 need transformers 4.53.2 patched for openpi (huggingface's fork "
+           "fix/lerobot_openpi or openpi's transformers_replace), which conflicts with SmolVLA's "
+           "transformers>=4.57.1 (lerobot #2707): `make pi-env` makes that environment (.venv-pi), "
+           "`make test-pi` runs these there")
 
 
 def images(seed: int = 0) -> dict[str, np.ndarray]:
@@ -181,14 +183,36 @@ def test_arli_serve_answers_smolvla_requests_over_zeromq(smolvla_dir, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 @pytest.mark.skipif(not pi_transformers_installed(), reason=NO_FORK)
 @pytest.mark.parametrize("kind", ["pi0", "pi05"])
 def test_pi_policies_take_two_cameras_and_the_instruction(kind, tmp_path):
-    """pi0 / pi0.5 at LeRobot's smallest size (gemma_300m backbone and expert, ~1.3 B
-    parameters at random init), with a local tokenizer in place of PaliGemma's: the same
-    checks as SmolVLA's through ``load_base_policy``."""
-    path = save_pi(kind, tmp_path / kind, N, M, CAMERAS, chunk_size=5, dtype="bfloat16")
-    _check_vla(load_base_policy(str(path)), kind, 5)
+    """pi0 / pi0.5 at the smallest size LeRobot runs (gemma_2b backbone, gemma_300m expert,
+    ~3.3 B parameters at random init; float32, since CPUs without bf16 units run bfloat16
+    several times slower), with a local tokenizer in place of PaliGemma's: the same checks as
+    SmolVLA's through ``load_base_policy``, then served by a real ``arli serve`` process that
+    answers a two-camera + instruction request from the robot's client and names a missing
+    camera. Minutes and ~14 GB of memory on a CPU."""
+    from arli.transport.inference_client import RemoteInference  # noqa: PLC0415
+
+    path = save_pi(kind, tmp_path / kind, N, M, CAMERAS, chunk_size=5, dtype="float32")
+    adapter = load_base_policy(str(path))
+    _check_vla(adapter, kind, 5)
+    del adapter  # the server loads its own copy: two would not fit beside each other on 24 GB
+    gc.collect()
+    address = f"tcp://127.0.0.1:{free_ports(1)[0]}"
+    with running(["serve", f"checkpoint={path}", f"transport.server={address}"], tmp_path / "serve.log"):
+        client = RemoteInference(address, dt=0.05)
+        try:
+            meta = client.connect(timeout_s=600)
+            replies = _ask(client, {1: (images(), PICK)}, timeout_s=600)
+            replies.update(_ask(client, {2: ({"wrist": images()["wrist"]}, PICK)}, timeout_s=600))
+        finally:
+            client.close()
+    assert (meta["policy"], meta["chunk_size"], meta["action_dim"]) == ("LeRobotPolicyAdapter", 5, M)
+    assert sorted(replies) == [1, 2], (tmp_path / "serve.log").read_text()[-3000:]
+    assert replies[1].actions.shape == (5, M) and np.all(np.isfinite(replies[1].actions))
+    assert "camera(s) ['front'] missing" in replies[2].meta["error"]
 
 
 def _pi_config_only(kind: str, path) -> None:

@@ -138,8 +138,9 @@ def save_smolvla(path: Path, N: int, M: int, cameras: dict[str, tuple[int, int, 
 def save_pi(kind: str, path: Path, N: int, M: int, cameras: dict[str, tuple[int, int, int]],
             chunk_size: int = 8, **kw) -> Path:
     """A random-init pi0 (``kind="pi0"``) or pi0.5 (``"pi05"``) at the smallest size LeRobot
-    allows (``gemma_300m`` for both the PaliGemma backbone and the action expert: about 1.3 B
-    parameters, the vocabulary and SigLIP tower are fixed), saved at ``path`` with LeRobot's
+    can run (a ``gemma_2b`` PaliGemma backbone and a ``gemma_300m`` action expert: about 3.3 B
+    parameters; LeRobot fixes the SigLIP projection at 2048 wide, so a ``gemma_300m`` backbone
+    builds but fails at its first forward pass), saved at ``path`` with LeRobot's
     own pre/post processors; their tokenizer step points at a local tokenizer (``path/tokenizer``)
     instead of the gated google/paligemma-3b-pt-224. Needs the transformers fork
     (``arli.policies.lerobot_adapter.PI_TRANSFORMERS``)."""
@@ -156,7 +157,7 @@ def save_pi(kind: str, path: Path, N: int, M: int, cameras: dict[str, tuple[int,
     def local_tokenizer(**step_kw):
         return TokenizerProcessorStep(**{**step_kw, "tokenizer_name": str(tokenizer_dir)})
 
-    cfg = _config(kind, N, M, cameras, paligemma_variant="gemma_300m", action_expert_variant="gemma_300m",
+    cfg = _config(kind, N, M, cameras, paligemma_variant="gemma_2b", action_expert_variant="gemma_300m",
                   chunk_size=chunk_size, n_action_steps=chunk_size, num_inference_steps=2, **kw)
     with mock.patch.object(module, "TokenizerProcessorStep", local_tokenizer):
         _save(kind, cfg, path, {"observation.state": _stats(N), "action": _stats(M)}, make)
