@@ -74,3 +74,23 @@ def franky_sim_server(host: str, timeout: float = 60.0):
             proc.send_signal(signal.SIGCONT)
             proc.kill()
         proc.wait(timeout=timeout)
+
+
+@contextmanager
+def serving_in_thread(policy, **server_kw):
+    """A real ``InferenceServer`` serving ``policy`` on a thread of this process -> its address."""
+    import threading  # noqa: PLC0415
+
+    from arli.runtime.server import InferenceServer  # noqa: PLC0415
+
+    address = f"tcp://127.0.0.1:{free_ports(1)[0]}"
+    server = InferenceServer(policy, address, **server_kw)
+    stop_event = threading.Event()
+    thread = threading.Thread(target=server.serve, args=(stop_event,), daemon=True)
+    thread.start()
+    try:
+        yield address
+    finally:
+        stop_event.set()
+        thread.join()
+        server.close()

@@ -14,7 +14,7 @@ from arli.runtime.clock import MonotonicClock
 from robot_drivers.base import RobotFault
 from robot_drivers.franka.config import FrankaConfig
 from robot_drivers.franka.safety import TargetIntegrator
-from process_utils import franky_sim_server
+from process_utils import franky_sim_server, serving_in_thread
 
 pytest.importorskip("franky")
 pytest.importorskip("franky_sim")
@@ -261,3 +261,68 @@ def test_lost_robot_ends_the_episode_cleanly_and_the_recording_keeps_it(tmp_path
     assert [int(n) for n in np.bincount(np.asarray(ds.hf_dataset["episode_index"]))] == [20, second.steps]
     done = np.asarray(ds.hf_dataset.with_format("numpy")["next.done"]).reshape(-1)
     assert done[19] and done[-1] and done.sum() == 2
+
+
+class SeeingPolicy:
+    """A base policy that keeps every request's camera frames (a real server still serves it)."""
+
+    chunk_size, action_dim, n_obs_steps = 4, 5, 1
+
+    def __init__(self):
+        self.seen: list[dict[str, np.ndarray]] = []
+
+    def infer(self, request):
+        self.seen.append({k: v.copy() for k, v in request.observation.images.items()})
+        return np.zeros((self.chunk_size, self.action_dim), np.float32)
+
+
+def _video(path, colour: tuple[int, int, int], frames: int = 150) -> str:
+    """A (48, 64) video of one RGB colour at 30 fps (OpenCV writes BGR)."""
+    import cv2  # noqa: PLC0415
+
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 30.0, (64, 48))
+    for _ in range(frames):
+        writer.write(np.full((48, 64, 3), colour[::-1], np.uint8))
+    writer.release()
+    return str(path)
+
+
+def test_cameras_given_to_the_actor_reach_the_server_from_a_franka(tmp_path):
+    """`arli actor robot=franka +cameras.<name>=<source> camera_size=S`: ``make_driver`` opens
+    each source as a named camera of the Franka driver, its observations carry every frame at
+    S x S, and the robot's client sends them by name to a real inference server, whose policy
+    gets each camera's own frames."""
+    from arli.commands.pipeline import make_driver  # noqa: PLC0415
+    from arli.config import ActorConfig  # noqa: PLC0415
+    from arli.transport.inference_client import RemoteInference  # noqa: PLC0415
+    from arli.types import ChunkRequest  # noqa: PLC0415
+
+    sources = {"front": _video(tmp_path / "front.avi", (200, 30, 30)),
+               "wrist": _video(tmp_path / "wrist.avi", (30, 30, 200))}
+    cfg = ActorConfig(robot="franka", franka=_cfg(_host(7)), cameras=sources, camera_size=32)
+    policy = SeeingPolicy()
+    with serving_in_thread(policy) as address, franky_sim_server(_host(7)):
+        driver = make_driver(cfg, None)
+        client = RemoteInference(address, dt=driver.dt)
+        try:
+            client.connect(timeout_s=10)
+            driver.reset()
+            deadline = time.monotonic() + 10
+            obs = driver.observe()
+            while sorted(obs.images) != ["front", "wrist"] and time.monotonic() < deadline:
+                time.sleep(0.02)
+                obs = driver.observe()
+            assert client.submit(ChunkRequest(1, 0, obs, 0, None), [])
+            replies = []
+            while not replies and time.monotonic() < deadline:
+                client.drain(0.1)
+                replies = client.poll(0)
+        finally:
+            client.close()
+            driver.close()
+    assert replies and replies[0].actions.shape == (4, 5)
+    (frames,) = policy.seen
+    assert sorted(frames) == ["front", "wrist"]
+    for name, (r, g, b) in {"front": (200, 30, 30), "wrist": (30, 30, 200)}.items():
+        assert frames[name].shape == (32, 32, 3) and frames[name].dtype == np.uint8
+        np.testing.assert_allclose(frames[name].reshape(-1, 3).mean(0), (r, g, b), atol=12)  # RGB, not BGR

@@ -4,7 +4,6 @@ control period when the server dies, resuming when it returns."""
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import threading
 import time
@@ -23,7 +22,7 @@ from arli.transport.inference_client import RemoteInference
 from arli.transport.zmq_io import CurveConfig, generate_keys
 from robot_drivers.sim import SimDriver
 from sim_envs import make_env
-from process_utils import free_ports, running, spawn, stop
+from process_utils import free_ports, running, serving_in_thread, spawn, stop
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -163,26 +162,8 @@ class FailingPolicy:
         raise ValueError("this policy cannot read the state")
 
 
-@contextlib.contextmanager
-def failing_server():
-    """A real InferenceServer serving ``FailingPolicy`` on a thread -> its address."""
-    from arli.runtime.server import InferenceServer
-
-    address = f"tcp://127.0.0.1:{free_ports(1)[0]}"
-    server = InferenceServer(FailingPolicy(), address)
-    stop_event = threading.Event()
-    thread = threading.Thread(target=server.serve, args=(stop_event,), daemon=True)
-    thread.start()
-    try:
-        yield address
-    finally:
-        stop_event.set()
-        thread.join()
-        server.close()
-
-
 def test_a_policy_error_is_given_up_at_once_not_at_the_request_timeout():
-    with failing_server() as address:
+    with serving_in_thread(FailingPolicy()) as address:
         inference = RemoteInference(address, 0.05, initial_delay_steps=2)
         inference.connect(timeout_s=10)
         env = make_env("pick_cube", max_episode_steps=60)
@@ -362,7 +343,7 @@ def test_the_client_sees_a_handshake_that_completes_before_its_monitor_would_hav
             super().__init__(sock)
 
     monkeypatch.setattr(inference_client, "ConnectionMonitor", SlowToStart)
-    with failing_server() as address:
+    with serving_in_thread(FailingPolicy()) as address:
         inference = RemoteInference(address, 0.05)
         inference.connect(timeout_s=10)
         deadline = time.monotonic() + 5
