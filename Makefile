@@ -9,9 +9,11 @@ export MUJOCO_GL ?= egl
 
 .PHONY: setup demo smoke test test-fast test-pi pi-env bench clean
 
+# --compile-bytecode: every process the tests start imports torch and LeRobot from
+# bytecode written once here, not compiled again from source where PYTHONDONTWRITEBYTECODE is set
 $(STAMP): pyproject.toml uv.lock
 	@$(PY) -m uv --version >/dev/null 2>&1 || $(PY) -m pip install --quiet uv
-	$(PY) -m uv sync --frozen
+	$(PY) -m uv sync --frozen --compile-bytecode
 	@touch $(STAMP)
 
 setup: $(STAMP)

@@ -1,12 +1,14 @@
 """``arli bench transport``'s ratio intervals: a paired block bootstrap over the rounds the
-rows took turns in, and the config refusing blocks of unequal size."""
+rows took turns in, the config refusing blocks of unequal size, and the command end to end."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from arli.bench.transport import ratio_ci
 from process_utils import ROOT
@@ -75,3 +77,32 @@ def test_each_round_trip_is_split_in_order_over_real_sockets(tmp_path):
     # medians: one send or receive can meet a slow spell of a loaded VM
     assert np.median(parts[:, 0]) < 1e-3 and np.median(parts[:, 2]) < 1e-3
     assert ((parts[:, 3] > 0) & (parts[:, 3] < parts[:, 1])).all()
+
+
+@pytest.mark.slow
+def test_bench_transport_json_reports_the_floor_ours_lerobot_and_three_cameras(tmp_path):
+    """The command end to end at a small size: the floor, ours and LeRobot's gRPC path measured
+    on real sockets in one run, the ratios computed from the percentiles it reports, the
+    targets judged from those ratios, the three-camera row beside them; LeRobot's pickled
+    gRPC round trip is slower than ours (the margin itself is the benchmark's, not a test's)."""
+    proc = subprocess.run([sys.executable, "-m", "arli.cli", "bench", "transport", "requests=60", "rounds=3",
+                           "warmup=5", "compute_ms=1", f"report_dir={tmp_path}", "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for row in ("floor", "ours", "lerobot"):
+        assert 0 < out[f"{row}_p50_ms"] <= out[f"{row}_p99_ms"]
+    assert out["ours_over_floor_p50"] == pytest.approx(out["ours_p50_ms"] / out["floor_p50_ms"])
+    assert out["ours_over_floor_p99"] == pytest.approx(out["ours_p99_ms"] / out["floor_p99_ms"])
+    assert out["ratio_p50"] == pytest.approx(out["lerobot_p50_ms"] / out["ours_p50_ms"]) and out["ratio_p50"] > 1
+    assert out["targets_met"] == {"ours_p50 / floor_p50 <= 1.5": out["ours_over_floor_p50"] <= 1.5,
+                                  "ours_p99 / floor_p99 <= 1.5": out["ours_over_floor_p99"] <= 1.5,
+                                  "lerobot_p50 / ours_p50 >= 20": out["ratio_p50"] >= 20}
+    three = out["three_cameras"]
+    assert three["ours_over_floor_p50"] == pytest.approx(three["ours_p50_ms"] / three["floor_p50_ms"])
+    report = json.loads((tmp_path / "transport.json").read_text())
+    assert report["floor_p50_ms"] == out["floor_p50_ms"] and report["requests"] == 60
+    for key in ("ours_over_floor_p50", "ours_over_floor_p99", "ratio_p50"):
+        lo, hi = report["ci95"][key]
+        assert lo <= hi
+    assert (tmp_path / "transport.md").exists() and (tmp_path / "transport.png").exists()

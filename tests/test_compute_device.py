@@ -24,6 +24,26 @@ def test_cuda_without_a_gpu_is_refused_saying_what_to_use():
         resolve_device("cuda:1", "run.device")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this checks the refusal on a machine without CUDA")
+@pytest.mark.parametrize("command", [["serve", "checkpoint=expert", "env=pick_cube", "device=cuda"],
+                                     ["learner", "checkpoint=expert", "env=pick_cube", "output_dir={tmp}/out",
+                                      "run.device=cuda"]])
+def test_the_commands_refuse_cuda_at_start_up_with_exit_2(command, tmp_path):
+    """As a user would meet it: the process exits 2 before it binds or trains, with one line
+    naming the field and what to use instead, and no traceback."""
+    import subprocess
+    import sys
+
+    from process_utils import ROOT
+
+    proc = subprocess.run([sys.executable, "-m", "arli.cli", *(c.format(tmp=tmp_path) for c in command)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    field = command[-1].split("=")[0]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"{field}=cuda" in proc.stderr and f"use {field}=auto or {field}=cpu" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("bad", ["gpu", "cuda:x", "cpu:0", "", "auto:1"])
 def test_bad_device_names_are_refused(bad):
     with pytest.raises(ConfigError, match="expected auto, cpu, cuda or cuda:<index>"):

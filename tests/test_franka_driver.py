@@ -292,14 +292,21 @@ def test_cameras_given_to_the_actor_reach_the_server_from_a_franka(tmp_path):
     each source as a named camera of the Franka driver, its observations carry every frame at
     S x S, and the robot's client sends them by name to a real inference server, whose policy
     gets each camera's own frames."""
+    import dataclasses  # noqa: PLC0415
+
+    from arli.cli import compose  # noqa: PLC0415
     from arli.commands.pipeline import make_driver  # noqa: PLC0415
-    from arli.config import ActorConfig  # noqa: PLC0415
     from arli.transport.inference_client import RemoteInference  # noqa: PLC0415
     from arli.types import ChunkRequest  # noqa: PLC0415
 
     sources = {"front": _video(tmp_path / "front.avi", (200, 30, 30)),
                "wrist": _video(tmp_path / "wrist.avi", (30, 30, 200))}
-    cfg = ActorConfig(robot="franka", franka=_cfg(_host(7)), cameras=sources, camera_size=32)
+    # the command line's overrides, composed as `arli actor` composes them; the franky-sim
+    # connection settings of this file's other tests
+    cfg = compose("actor", ["robot=franka", *(f"+cameras.{name}={src}" for name, src in sources.items()),
+                            "camera_size=32"])
+    assert cfg.cameras == sources
+    cfg = dataclasses.replace(cfg, franka=_cfg(_host(7)))
     policy = SeeingPolicy()
     with serving_in_thread(policy) as address, franky_sim_server(_host(7)):
         driver = make_driver(cfg, None)

@@ -192,6 +192,15 @@ def _flow_policy(rtc_mode: str = "prefix"):
                                        execute_horizon=4))
 
 
+def _shut_down(stop_event: threading.Event, thread: threading.Thread, server, robots: list) -> None:
+    """Stop an in-thread ``InferenceServer.serve`` and close it and the robots' sockets."""
+    stop_event.set()
+    thread.join()
+    server.close()
+    for sock in robots:
+        sock.close()
+
+
 def test_robots_waiting_together_are_answered_by_one_forward_pass():
     """Three robots' requests queued before the server looks: one ``infer_batch`` answers all
     three, each reply carries its own request id and its own committed prefix, and a bad
@@ -231,13 +240,65 @@ def test_robots_waiting_together_are_answered_by_one_forward_pass():
         assert bad.kind == "error" and bad["request_id"] == 103
         assert "observation.state must have shape (6,)" in bad["message"]
     finally:
-        stop_event.set()
-        thread.join()
-        server.close()
-        for sock in robots:
-            sock.close()
+        _shut_down(stop_event, thread, server, robots)
     # the bad row was answered on its own, the other three by one forward pass
     assert server.stats["requests"] == 4 and server.stats["errors"] == 1 and server.stats["batches"] == 1
+
+
+class SlowBatchPolicy:
+    """30 ms per forward pass, one robot or several: what a GPU-bound model costs."""
+
+    chunk_size, action_dim, n_obs_steps, batchable = 4, 2, 1, True
+
+    def infer(self, request) -> np.ndarray:
+        return self.infer_batch([request])[0]
+
+    def infer_batch(self, requests) -> list[np.ndarray]:
+        time.sleep(0.03)
+        return [np.zeros((4, 2), np.float32) for _ in requests]
+
+
+def test_two_robots_out_of_step_fall_into_one_batch():
+    """Two robots whose requests are always due (each re-sends when its chunk arrives), the
+    second starting while the first's forward pass runs: without waiting for the robot just
+    answered, they take turns being answered alone for good (each request arrives while the
+    other's is computed); the server waits a moment for it, and from then on one forward
+    pass answers both."""
+    from arli.runtime.server import InferenceServer
+
+    (port,) = free_ports(1)
+    server = InferenceServer(SlowBatchPolicy(), f"tcp://127.0.0.1:{port}", max_batch=8, batch_wait_s=0.01)
+    ctx = zmq.Context.instance()
+    robots = [ctx.socket(zmq.DEALER) for _ in range(2)]
+    for sock in robots:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"tcp://127.0.0.1:{port}")
+    stop_event = threading.Event()
+    thread = threading.Thread(target=server.serve, args=(stop_event,), daemon=True)
+    thread.start()
+    state = np.zeros(6, np.float32)
+    batches = {0: [], 1: []}
+    try:
+        time.sleep(0.3)  # connections up
+        robots[0].send(infer(request_id=0, state=state))
+        time.sleep(0.01)  # inside robot 0's forward pass
+        robots[1].send(infer(request_id=0, state=state))
+        poller = zmq.Poller()
+        for sock in robots:
+            poller.register(sock, zmq.POLLIN)
+        while min(len(b) for b in batches.values()) < 12:
+            ready = dict(poller.poll(20_000))
+            assert ready, "no reply within 20 s"
+            for k, sock in enumerate(robots):
+                if sock in ready:
+                    msg = decode(sock.recv_multipart())
+                    assert msg.kind == "chunk"
+                    batches[k].append(int(msg["timing"]["batch"]))
+                    sock.send(infer(request_id=len(batches[k]), state=state))
+    finally:
+        _shut_down(stop_event, thread, server, robots)
+    assert batches[0][0] == 1  # robot 1 asked during robot 0's forward pass: out of step at first
+    assert batches[0][-6:] == batches[1][-6:] == [2] * 6, batches
 
 
 def test_max_batch_1_answers_one_request_at_a_time():

@@ -19,11 +19,24 @@ ARGS = ["env=pick_cube", "checkpoint=expert", "budget=150", "seeds=[0,1]", "dela
 REQUIRED_CELL = {"variant", "delay_steps", "seeds", "success_mean", "ci95", "start_mean", "gain_ci95"}
 
 
-def _sweep(tmp_path, *extra, cache="cells.jsonl"):
-    proc = subprocess.run(
-        [sys.executable, "-m", "arli.cli", "bench", "latency-sweep", *ARGS,
-         f"cache={tmp_path / cache}", f"report_dir={tmp_path / 'reports'}", *extra],
-        capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+def _sweep(tmp_path, *extra, cache="cells.jsonl", in_process=False):
+    """The command's last-line JSON: as a real process, or (``in_process``: for reruns that
+    only read cells back, which a new interpreter would spend most of its time importing for)
+    through the same CLI entry point in this one."""
+    argv = ["bench", "latency-sweep", *ARGS, f"cache={tmp_path / cache}", f"report_dir={tmp_path / 'reports'}",
+            *extra]
+    if in_process:
+        import contextlib
+        import io
+
+        from arli.cli import main
+
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(argv) == 0
+        return json.loads(out.getvalue().strip().splitlines()[-1])
+    proc = subprocess.run([sys.executable, "-m", "arli.cli", *argv], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -57,14 +70,14 @@ def test_latency_sweep_cells_cache_and_report(tmp_path):
     assert verdicts["standard@4 <= arli@4 - 0.20 (paired CI of arli - standard)"]["holds"] is None  # standard@4 not run
     assert (tmp_path / "reports" / "latency_sweep.png").stat().st_size > 1000
     # a second run finds every cell in the cache and runs nothing new
-    again = _sweep(tmp_path)
+    again = _sweep(tmp_path, in_process=True)
     assert again["cells"] == out["cells"]
     assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 13
     # the report keeps the rows it was built from: a fresh clone (empty run cache, the same
     # code and base) reruns the command and runs nothing
     committed = tmp_path / "reports" / "latency_sweep" / "cells.jsonl"
     assert len(committed.read_text().splitlines()) == 13
-    fresh = _sweep(tmp_path, cache="fresh.jsonl")
+    fresh = _sweep(tmp_path, cache="fresh.jsonl", in_process=True)
     assert fresh["cells"] == out["cells"] and not (tmp_path / "fresh.jsonl").exists()
     # each row lists the source files its cell ran: the residual cells ran the learner, the
     # base-policy cells did not need it; a row whose learner file changed is stale
@@ -77,26 +90,27 @@ def test_latency_sweep_cells_cache_and_report(tmp_path):
     # recorded arli/config.py (older sweeps did) stays valid after the schema file changes
     schema_edit = [{**r, "sources": {**r["sources"], "arli/config.py": "0" * 16}} for r in rows]
     (tmp_path / "schema.jsonl").write_text("".join(json.dumps(r) + "\n" for r in schema_edit))
-    kept = _sweep(tmp_path, "report_only=true", "name=schema", cache="schema.jsonl")
+    kept = _sweep(tmp_path, "report_only=true", "name=schema", cache="schema.jsonl", in_process=True)
     assert kept["cells"] == out["cells"]
     edited = [{**r, "sources": {**r["sources"], "arli/rl/learner.py": "0" * 16}}
               if r["variant"] == "arli" else r for r in rows]
     (tmp_path / "stale.jsonl").write_text("".join(json.dumps(r) + "\n" for r in edited))
-    stale = _sweep(tmp_path, "report_only=true", "name=stale", cache="stale.jsonl")
+    stale = _sweep(tmp_path, "report_only=true", "name=stale", cache="stale.jsonl", in_process=True)
     assert ("arli", 4) not in {(c["variant"], c["delay_steps"]) for c in stale["cells"]}
     assert ("bc_control", 4) in {(c["variant"], c["delay_steps"]) for c in stale["cells"]}
     # a changed learner recipe invalidates the residual cells, not the base-policy ones; the
     # ceiling reads only the bound
-    changed = _sweep(tmp_path, "run.learner.anchor_weight=7.0", "report_only=true")
+    changed = _sweep(tmp_path, "run.learner.anchor_weight=7.0", "report_only=true", in_process=True)
     assert {(c["variant"], c["delay_steps"]) for c in changed["cells"]} == {("base_naive", 4)}
     assert len(changed["ceiling"]) == 1
-    rescaled = _sweep(tmp_path, "run.learner.residual_scale=0.5", "report_only=true")
+    rescaled = _sweep(tmp_path, "run.learner.residual_scale=0.5", "report_only=true", in_process=True)
     assert rescaled["ceiling"] == []
     # a report rebuilt from the cells of a base this machine does not train: only the cells of
     # the named base are used, and the report names it
-    other = _sweep(tmp_path, "report_only=true", "base_digest=0123456789ab", "name=otherbase")
+    other = _sweep(tmp_path, "report_only=true", "base_digest=0123456789ab", "name=otherbase", in_process=True)
     assert other["cells"] == [] and other["ceiling"] == [] and other["checkpoint_digest"] == "0123456789ab"
-    named = _sweep(tmp_path, "report_only=true", f"base_digest={out['checkpoint_digest']}", "name=named")
+    named = _sweep(tmp_path, "report_only=true", f"base_digest={out['checkpoint_digest']}", "name=named",
+                   in_process=True)
     assert named["cells"] == out["cells"] and named["rebuilt_from_cells_of_base"] == out["checkpoint_digest"]
     assert "Rebuilt from the committed cells of base" in (tmp_path / "reports" / "named.md").read_text()
 

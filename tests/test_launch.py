@@ -4,6 +4,7 @@ loopback; transitions from both actors reach the one learner, whose weights reac
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -76,7 +77,7 @@ def test_launch_restarts_a_server_and_a_learner_killed_mid_run_and_it_resumes(tm
     extra = '["run.anchor_episodes=2","run.learner.pretrain_updates=10","run.learn_after=100",' \
             '"run.test_episodes=2","checkpoint_every_s=1"]'
     proc = subprocess.Popen([sys.executable, "-m", "arli.cli", "launch", "sim", "actors=1", "env=pick_cube",
-                             "checkpoint=expert", "env_steps=1500", f"base_port={base_port}", f"output_dir={out}",
+                             "checkpoint=expert", "env_steps=700", f"base_port={base_port}", f"output_dir={out}",
                              f"extra_learner={extra}"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         pids = {}
@@ -101,7 +102,7 @@ def test_launch_restarts_a_server_and_a_learner_killed_mid_run_and_it_resumes(tm
     assert "learner exited with -9; restarting it in 1 s (1/3)" in rest
     assert "resumed" in (out / "learner.log").read_text()
     summary = json.loads((out / "learner" / "summary.json").read_text())
-    assert summary["env_steps"] >= 1500
+    assert summary["env_steps"] >= 700
 
 
 @pytest.mark.slow
@@ -138,6 +139,34 @@ def test_launch_does_not_restart_a_learner_whose_critic_diverged(tmp_path, monke
     assert pipeline.launch_main(cfg) == LearnerDiverged.exit_code == 3
     out = capsys.readouterr().out
     assert "the learner's critic diverged; not restarted" in out and "restarting" not in out
+
+
+def test_launch_gives_up_on_a_server_that_keeps_dying_and_stops_the_rest(tmp_path, monkeypatch, capsys):
+    """Bounded retries: a server that dies at every start is restarted ``restarts`` times, each
+    restart logged with its count and appended to the same log; then launch gives up with
+    exit 1 and a line naming the process, and stops the learner and the actor it started."""
+    from arli.cli import compose
+    from arli.commands import pipeline
+
+    pids = tmp_path / "pids"
+    dying = [sys.executable, "-c", "print('serve started', flush=True); raise SystemExit(7)"]
+    waiting = [sys.executable, "-c", f"import os, time; open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); "
+               "time.sleep(120)"]
+    monkeypatch.setattr(pipeline, "launch_commands", lambda cfg: {"serve": dying, "learner": waiting,
+                                                                  "actor0": waiting})
+    monkeypatch.setattr(pipeline, "RESTART_BACKOFF_S", (0.05,))
+    cfg = compose("launch", ["checkpoint=expert", "env=pick_cube", f"output_dir={tmp_path}", "restarts=2"])
+    assert pipeline.launch_main(cfg) == 1
+    out = capsys.readouterr().out
+    assert "serve exited with 7; restarting it in 0 s (1/2)" in out
+    assert "serve exited with 7; restarting it in 0 s (2/2)" in out
+    assert "serve exited with 7 after 2 restarts; giving up" in out and "(3/2)" not in out
+    assert (tmp_path / "serve.log").read_text().count("serve started") == 3  # every start, one log
+    started = [int(p) for p in pids.read_text().split()]
+    assert len(started) == 2  # the learner and the actor, each started once
+    for pid in started:  # stopped by launch, not left running
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 def test_launch_passes_its_extra_overrides_to_each_process():

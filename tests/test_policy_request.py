@@ -32,6 +32,9 @@ class RecordingPolicy:
 
     def reset(self, seed=None) -> None: ...
 
+    def camera_shapes(self) -> dict[str, tuple[int, int, int]]:
+        return {"front": (16, 16, 3), "wrist": (16, 16, 3)}
+
     def infer(self, request: PolicyRequest) -> np.ndarray:
         for name, image in request.images.items():
             if image.shape != (16, 16, 3):
@@ -100,7 +103,9 @@ def test_a_bad_camera_is_an_error_naming_it_and_the_server_keeps_serving(server)
     bad.images["wrist"] = bad.images["wrist"].astype(np.float32)  # not uint8
     assert client.submit(ChunkRequest(0, 0, bad, 2, None), [])
     (reply,) = _replies(client)
-    assert reply.actions is None and "camera 'wrist'" in reply.meta["error"] and "uint8" in reply.meta["error"]
+    # refused by the server's schema, naming the shape and dtype the policy reads that camera at
+    assert reply.actions is None and reply.meta["error"].endswith(
+        "camera 'wrist' must be a (16, 16, 3) uint8 image (as the policy reads it), got (16, 16, 3) float32")
     small = _obs(1)  # well-formed on the wire, but not what the policy takes: its own error comes back
     small.images["front"] = small.images["front"][:8]
     assert client.submit(ChunkRequest(1, 1, small, 2, None), [])

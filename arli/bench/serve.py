@@ -74,9 +74,11 @@ def _robots(port: int, n: int, image_size: int, timeout_s: float = 120.0) -> lis
     return socks, meta
 
 
-def closed_loop(socks: list, requests: int, warmup: int, image_size: int, bar) -> tuple[np.ndarray, float]:
+def closed_loop(socks: list, requests: int, warmup: int, image_size: int, bar) -> tuple[np.ndarray, float, float]:
     """Every robot keeps one request in flight until it has ``warmup + requests`` chunks ->
-    (latencies in s of the measured requests, chunks/s over the measured span)."""
+    (latencies in s of the measured requests, chunks/s over the measured span, the mean
+    number of requests answered by the forward pass of each measured chunk, as the server
+    reports it in the reply's timing)."""
     import zmq  # noqa: PLC0415
 
     from arli.transport.codec import decode, encode_frames  # noqa: PLC0415
@@ -88,7 +90,7 @@ def closed_loop(socks: list, requests: int, warmup: int, image_size: int, bar) -
     for sock in socks:
         poller.register(sock, zmq.POLLIN)
     sent, done = {}, {id(s): 0 for s in socks}
-    latencies, first_measured, last = [], None, None
+    latencies, batch_sizes, first_measured, last = [], [], None, None
 
     def send(sock, k):
         sent[id(sock)] = time.perf_counter()
@@ -112,12 +114,13 @@ def closed_loop(socks: list, requests: int, warmup: int, image_size: int, bar) -
             done[id(sock)] += 1
             if done[id(sock)] > warmup:
                 latencies.append(now - sent[id(sock)])
+                batch_sizes.append(float(msg.fields["timing"]["batch"]))
                 first_measured = first_measured or sent[id(sock)]
                 last = now
                 bar.update(1)
             if done[id(sock)] < total:
                 send(sock, done[id(sock)])
-    return np.asarray(latencies), len(latencies) / (last - first_measured)
+    return np.asarray(latencies), len(latencies) / (last - first_measured), float(np.mean(batch_sizes))
 
 
 def main(cfg: BenchServeConfig) -> int:
@@ -138,10 +141,12 @@ def main(cfg: BenchServeConfig) -> int:
                         try:
                             socks, meta = _robots(port, max(cfg.robots), cfg.image_size)
                             for n in cfg.robots:
-                                lat, rate = closed_loop(socks[:n], cfg.requests, cfg.warmup, cfg.image_size, bar)
+                                lat, rate, mean_batch = closed_loop(socks[:n], cfg.requests, cfg.warmup,
+                                                                    cfg.image_size, bar)
                                 rows.append({"policy": kind, "server_policy": meta["policy"], "mode": mode,
                                              "max_batch": int(meta["max_batch"]), "robots": n,
                                              "device": meta.get("device", device), "chunks_per_s": rate,
+                                             "mean_batch": mean_batch,
                                              "p50_ms": float(np.percentile(lat, 50) * 1000),
                                              "p99_ms": float(np.percentile(lat, 99) * 1000)})
                             for sock in socks:
@@ -175,10 +180,12 @@ def main(cfg: BenchServeConfig) -> int:
           f"`arli bench serve` — `arli serve` as a process ({cfg.threads} torch thread(s)), robots as closed-loop "
           f"clients on loopback, {cfg.requests} measured requests per robot after {cfg.warmup} warm-up; each request "
           f"{payload['request']}. *sequential*: `max_batch=1`; *batched*: `max_batch={cfg.max_batch}` (the requests "
-          "waiting together go through one forward pass). Both policies at random init.", "",
-          "| policy | device | robots | mode | chunks/s | p50 (ms) | p99 (ms) |", "|---|---|---:|---|---:|---:|---:|"]
+          "waiting together go through one forward pass; *mean batch*: requests per forward pass, as the server "
+          "reports it in each reply). Both policies at random init.", "",
+          "| policy | device | robots | mode | chunks/s | p50 (ms) | p99 (ms) | mean batch |",
+          "|---|---|---:|---|---:|---:|---:|---:|"]
     md += [f"| {r['policy']} ({r['server_policy']}) | {r['device']} | {r['robots']} | {r['mode']} | "
-           f"{r['chunks_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |" for r in rows]
+           f"{r['chunks_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['mean_batch']:.2f} |" for r in rows]
     md += ["", "Batched / sequential chunks/s: " + ", ".join(f"{k} {v:.2f}x" for k, v in speedup.items()), "",
            "![chunks/s](serve.png)", "", f"Machine: {machine_info()}", ""]
     return publish(cfg.report_dir, "serve", payload, md, slice(4, 6 + len(rows)), speedup if cfg.json else None)

@@ -34,17 +34,25 @@ def _free_port() -> int:
     return port
 
 
-def _start(kind: str, port: int, compute_ms: float, mode: str = "wait", cwd: str | None = None) -> subprocess.Popen:
-    """The stub server ``kind`` as a child process, once it says it is ready. ``cwd``: its
-    working directory (LeRobot's server writes ``logs/`` there on import)."""
+def _spawn(kind: str, port: int, compute_ms: float, mode: str = "wait", cwd: str | None = None) -> subprocess.Popen:
+    """The stub server ``kind`` as a child process (not yet ready). ``cwd``: its working
+    directory (LeRobot's server writes ``logs/`` there on import)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "arli.bench.stub_servers", kind, str(port), str(compute_ms), mode],
+    return subprocess.Popen([sys.executable, "-m", "arli.bench.stub_servers", kind, str(port), str(compute_ms), mode],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True, cwd=cwd)
-    line = proc.stdout.readline()
-    if "ready" not in line:
+
+
+def _ready(kind: str, proc: subprocess.Popen) -> subprocess.Popen:
+    """``proc`` once it says it is ready (or killed, with an error naming it)."""
+    if "ready" not in proc.stdout.readline():
         proc.kill()
         raise RuntimeError(f"the {kind} stub server did not start")
     return proc
+
+
+def _start(kind: str, port: int, compute_ms: float, mode: str = "wait", cwd: str | None = None) -> subprocess.Popen:
+    """The stub server ``kind`` as a child process, once it says it is ready."""
+    return _ready(kind, _spawn(kind, port, compute_ms, mode, cwd))
 
 
 CAMERAS = ("front", "wrist", "side")
@@ -178,9 +186,12 @@ def measure(cfg: BenchTransportConfig, scratch: str) -> tuple[dict[str, np.ndarr
     lands on every row alike (ratios between rows are what the targets judge)."""
     kinds = sorted({kind for kind, _, _ in ROWS.values()})
     ports = {kind: _free_port() for kind in kinds}
-    procs = {kind: _start(kind, ports[kind], cfg.compute_ms, cfg.stub_compute, cwd=scratch) for kind in kinds}
+    # started together (their imports overlap), then each waited for
+    procs = {kind: _spawn(kind, ports[kind], cfg.compute_ms, cfg.stub_compute, cwd=scratch) for kind in kinds}
     clients = {}
     try:
+        for kind, proc in procs.items():
+            _ready(kind, proc)
         clients = {row: client(ports[kind], cameras) for row, (kind, client, cameras) in ROWS.items()}
         for row, c in clients.items():  # warm-up: connections, caches, first-call imports
             for i in range(cfg.warmup):
@@ -412,4 +423,5 @@ def main(cfg: BenchTransportConfig) -> int:
              "where the three processes of a round trip meet this VM's tail." if result["ours_p99_ms"] >= result["floor_p99_ms"]
              else "both tails are set by the VM (its slow spells fall on every row), not by either path's code."), "",
           f"Machine: {machine_info()}", ""]
-    return publish(cfg.report_dir, "transport", payload, md, slice(4, 11), result if cfg.json else None)
+    summary = {**result, "three_cameras": {k: v for k, v in three.items() if k != "ci95"}, "targets_met": targets}
+    return publish(cfg.report_dir, "transport", payload, md, slice(4, 11), summary if cfg.json else None)

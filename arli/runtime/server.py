@@ -58,9 +58,10 @@ def _finite(actions: np.ndarray) -> bool:
     return math.isfinite(sum(memoryview(actions).cast("B").cast("f")))
 
 
-def _images(value, where: str) -> dict[str, np.ndarray]:
+def _images(value, where: str, expected: dict[str, list[int]] | None = None) -> dict[str, np.ndarray]:
     """An ``images`` map off the wire: camera name -> (h, w, 3) uint8, or a schema error
-    naming the camera."""
+    naming the camera and, when the policy reads that camera (``expected``: name ->
+    [h, w, 3]), the shape it takes."""
     if not isinstance(value, dict):
         raise ProtocolError("schema", f"{where}: images must be a map of camera name -> image")
     out = {}
@@ -68,22 +69,26 @@ def _images(value, where: str) -> dict[str, np.ndarray]:
         if not isinstance(name, str) or not isinstance(image, np.ndarray) or image.ndim != 3 \
                 or image.shape[2] != 3 or image.dtype != _UINT8:
             got = f"{image.shape} {image.dtype}" if isinstance(image, np.ndarray) else type(image).__name__
-            raise ProtocolError("schema", f"{where}: camera {name!r} must be an (h, w, 3) uint8 image, got {got}")
+            shape = (expected or {}).get(name) if isinstance(name, str) else None
+            want = f"a {tuple(shape)} uint8 image (as the policy reads it)" if shape else "an (h, w, 3) uint8 image"
+            raise ProtocolError("schema", f"{where}: camera {name!r} must be {want}, got {got}")
         out[name] = image
     return out
 
 
-def policy_request(msg) -> PolicyRequest:
+def policy_request(msg, cameras: dict[str, list[int]] | None = None) -> PolicyRequest:
     """An ``infer`` message -> the typed request every policy takes: every camera by name,
-    the instruction, the committed prefix, delay, guidance, execute horizon and history."""
+    the instruction, the committed prefix, delay, guidance, execute horizon and history.
+    ``cameras`` (name -> [h, w, 3], the policy's) only makes a bad image's error name the
+    shape that camera needs."""
     history = []
     for i, h in enumerate(msg.get("history") or []):
         if not isinstance(h, dict) or not isinstance(h.get("state"), np.ndarray) or h["state"].ndim != 1:
             raise ProtocolError("schema", f"infer: history[{i}] must be a map with a 1-d state array")
         history.append(Observation(np.array(h["state"], np.float32), -1,
-                                   images=_images(h.get("images") or {}, f"infer: history[{i}]")))
+                                   images=_images(h.get("images") or {}, f"infer: history[{i}]", cameras)))
     obs = Observation(np.array(msg["state"], _F32), int(msg["t0"]), float(msg["capture_ts"]),
-                      _images(msg.get("images") or {}, "infer"), msg.get("instruction") or "")
+                      _images(msg.get("images") or {}, "infer", cameras), msg.get("instruction") or "")
     return PolicyRequest(obs, msg.get("committed_prefix"), int(msg["delay_steps"]), msg.get("guidance"),
                          msg.get("execute_horizon"), tuple(history) if "history" in msg.fields else None)
 
@@ -99,6 +104,7 @@ class InferenceServer:
         self.batch_wait_s = batch_wait_s
         self._seen: dict[bytes, float] = {}  # robot identity -> when its last request arrived
         self._last_batch: set[bytes] = set()  # the robots answered together last time
+        self._answered: dict[bytes, float] = {}  # robot identity -> when its last chunk left (batching)
         self.meta = {"chunk_size": int(policy.chunk_size), "action_dim": int(policy.action_dim),
                      "n_obs_steps": int(policy.n_obs_steps), "max_batch": self.max_batch if self.batching else 1,
                      # what each request must carry: camera name -> [h, w, 3] (uint8)
@@ -145,7 +151,7 @@ class InferenceServer:
                 else:
                     request_id = msg["request_id"]
                     self.stats["requests"] += 1
-                    pending.append((i, request_id, policy_request(msg)))
+                    pending.append((i, request_id, policy_request(msg, self.meta["cameras"])))
             except ProtocolError as exc:
                 self.stats["errors"] += 1
                 replies[i] = (error_frame(exc, request_id=request_id), request_id is not None)
@@ -238,17 +244,23 @@ class InferenceServer:
             recv = time.perf_counter()
             due = recv + self.min_latency_s
             for identity, (reply, is_infer) in zip(identities, self.handle_many(payloads)):
-                if not is_infer or due <= time.perf_counter():
+                sent = time.perf_counter()
+                if not is_infer or due <= sent:
                     self.sock.send_multipart([identity, reply])
                 else:
                     heapq.heappush(self._due, (due, self._seq, identity, reply))
                     self._seq += 1
+                if is_infer and self.batching:
+                    self._answered[identity] = max(sent, due)  # when its chunk reaches it
 
     def _receive_batch(self, frames: list) -> tuple[list[bytes], list]:
-        """When batching: every request already waiting (up to ``max_batch``), and those of the
-        robots answered with the last batch for up to ``batch_wait_s`` more: robots answered
-        together re-send a moment apart, and without the wait a fleet splits into half-size
-        batches for good. Otherwise the one request received."""
+        """When batching: every request already waiting (up to ``max_batch``), and for up to
+        ``batch_wait_s`` more those of the robots answered with the last batch and of the
+        robots whose chunk left less than ``batch_wait_s`` ago: a robot whose requests are
+        always due re-sends a moment after its chunk arrives, and without the wait two such
+        robots take turns being answered alone for good (each request arriving while the
+        other's is computed), as a fleet splits into half-size batches. Otherwise the one
+        request received."""
         if not self.batching:  # one at a time: each reply leaves as soon as its own chunk is ready
             return ([frames[0].bytes], [[f.buffer for f in frames[1:]]]) if len(frames) >= 2 else ([], [])
         identities, payloads = [], []
@@ -262,14 +274,17 @@ class InferenceServer:
             if len(payloads) >= self.max_batch:
                 break
             if not self.sock.get(zmq.EVENTS) & zmq.POLLIN:
-                # wait only for the robots answered with the last batch: they re-send together
-                waiting_for = [i for i in self._last_batch if i not in identities and now - self._seen[i] < 1.0]
+                # wait only for robots about to re-send: those answered together last time, and
+                # those whose chunk has just reached them
+                waiting_for = [i for i in self._last_batch if i not in identities and now - self._seen[i] < 1.0] \
+                    + [i for i, t in self._answered.items() if i not in identities and 0 <= now - t < self.batch_wait_s]
                 deadline = deadline or now + self.batch_wait_s
                 if not waiting_for or now >= deadline or not self._poller.poll(max(0.0, deadline - now) * 1000):
                     break
             frames = self.sock.recv_multipart(copy=False)
         if len(self._seen) > 4 * self.max_batch + 64:  # forget robots gone for good
             self._seen = {i: t for i, t in self._seen.items() if now - t < 1.0}
+            self._answered = {i: t for i, t in self._answered.items() if now - t < 1.0}
         self._last_batch = set(identities) if len(identities) > 1 else set()
         return identities, payloads
 
