@@ -144,19 +144,32 @@ def test_launch_does_not_restart_a_learner_whose_critic_diverged(tmp_path, monke
 def test_launch_gives_up_on_a_server_that_keeps_dying_and_stops_the_rest(tmp_path, monkeypatch, capsys):
     """Bounded retries: a server that dies at every start is restarted ``restarts`` times, each
     restart logged with its count and appended to the same log; then launch gives up with
-    exit 1 and a line naming the process, and stops the learner and the actor it started."""
+    exit 1 and a line naming the process, and stops the learner and the actor it started with
+    SIGINT (each gets its KeyboardInterrupt, to save what it holds), even with launch itself
+    running with SIGINT ignored, as a script's background job does; none is left, not even
+    as a zombie."""
+    import signal
+
     from arli.cli import compose
     from arli.commands import pipeline
 
     pids = tmp_path / "pids"
-    dying = [sys.executable, "-c", "print('serve started', flush=True); raise SystemExit(7)"]
-    waiting = [sys.executable, "-c", f"import os, time; open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); "
-               "time.sleep(120)"]
+    # the server dies once the other two are up (and said so), so the stop meets them running
+    dying = [sys.executable, "-c", "import time\n"
+             f"while len(open({str(pids)!r}).read().split()) < 2 and time.sleep(0.02) is None: pass\n"
+             "print('serve started', flush=True); raise SystemExit(7)"]
+    waiting = [sys.executable, "-c", f"import os, time\nwith open({str(pids)!r}, 'a') as f: f.write(f'{{os.getpid()}}\\n')\n"
+               f"try: time.sleep(120)\nexcept KeyboardInterrupt: open({str(pids)!r} + '.int', 'a').write('x')"]
+    pids.write_text("")
     monkeypatch.setattr(pipeline, "launch_commands", lambda cfg: {"serve": dying, "learner": waiting,
                                                                   "actor0": waiting})
     monkeypatch.setattr(pipeline, "RESTART_BACKOFF_S", (0.05,))
     cfg = compose("launch", ["checkpoint=expert", "env=pick_cube", f"output_dir={tmp_path}", "restarts=2"])
-    assert pipeline.launch_main(cfg) == 1
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # what `make test &` gives its children
+    try:
+        assert pipeline.launch_main(cfg) == 1
+    finally:
+        signal.signal(signal.SIGINT, previous)
     out = capsys.readouterr().out
     assert "serve exited with 7; restarting it in 0 s (1/2)" in out
     assert "serve exited with 7; restarting it in 0 s (2/2)" in out
@@ -164,7 +177,8 @@ def test_launch_gives_up_on_a_server_that_keeps_dying_and_stops_the_rest(tmp_pat
     assert (tmp_path / "serve.log").read_text().count("serve started") == 3  # every start, one log
     started = [int(p) for p in pids.read_text().split()]
     assert len(started) == 2  # the learner and the actor, each started once
-    for pid in started:  # stopped by launch, not left running
+    assert (tmp_path / "pids.int").read_text() == "xx"  # both stopped by their SIGINT
+    for pid in started:  # and reaped
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
 

@@ -284,6 +284,13 @@ def launch_commands(cfg: LaunchConfig) -> dict[str, list[str]]:
     return cmds
 
 
+def _stoppable_by_sigint() -> None:
+    """In each child before it starts: SIGINT stops it as Ctrl-C would (each process saves what
+    it holds), also where launch itself runs with SIGINT ignored, as a script's background job
+    does, which its children would otherwise inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 ACTORLESS_GRACE_S = 900.0  # the learner's final evaluation may run this long after its actors stopped
 RESTART_BACKOFF_S = (1.0, 2.0, 4.0, 8.0)  # wait before the n-th restart of a process (then the last)
 
@@ -305,7 +312,8 @@ def launch_main(cfg: LaunchConfig) -> int:
 
     def start(name: str, mode: str = "w") -> None:
         with open(os.path.join(cfg.output_dir, f"{name}.log"), mode, encoding="utf-8") as log:
-            procs[name] = subprocess.Popen(commands[name], stdout=log, stderr=subprocess.STDOUT, env=env)
+            procs[name] = subprocess.Popen(commands[name], stdout=log, stderr=subprocess.STDOUT, env=env,
+                                           preexec_fn=_stoppable_by_sigint)
         print(f"started {name} (pid {procs[name].pid}): logs in {cfg.output_dir}/{name}.log", flush=True)
 
     try:
@@ -358,6 +366,7 @@ def launch_main(cfg: LaunchConfig) -> int:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()  # reaped: no process of the run outlives launch, not even as a zombie
 
 
 def keys_main(cfg: KeysConfig) -> int:
