@@ -102,7 +102,5 @@ def test_bench_transport_json_reports_the_floor_ours_lerobot_and_three_cameras(t
     assert three["ours_over_floor_p50"] == pytest.approx(three["ours_p50_ms"] / three["floor_p50_ms"])
     report = json.loads((tmp_path / "transport.json").read_text())
     assert report["floor_p50_ms"] == out["floor_p50_ms"] and report["requests"] == 60
-    for key in ("ours_over_floor_p50", "ours_over_floor_p99", "ratio_p50"):
-        lo, hi = report["ci95"][key]
-        assert lo <= hi
+    assert set(report["ci95"]) == {"ours_over_floor_p50", "ours_over_floor_p99", "ratio_p50"}
     assert (tmp_path / "transport.md").exists() and (tmp_path / "transport.png").exists()

@@ -192,15 +192,6 @@ def _flow_policy(rtc_mode: str = "prefix"):
                                        execute_horizon=4))
 
 
-def _shut_down(stop_event: threading.Event, thread: threading.Thread, server, robots: list) -> None:
-    """Stop an in-thread ``InferenceServer.serve`` and close it and the robots' sockets."""
-    stop_event.set()
-    thread.join()
-    server.close()
-    for sock in robots:
-        sock.close()
-
-
 def test_robots_waiting_together_are_answered_by_one_forward_pass():
     """Three robots' requests queued before the server looks: one ``infer_batch`` answers all
     three, each reply carries its own request id and its own committed prefix, and a bad
@@ -240,7 +231,11 @@ def test_robots_waiting_together_are_answered_by_one_forward_pass():
         assert bad.kind == "error" and bad["request_id"] == 103
         assert "observation.state must have shape (6,)" in bad["message"]
     finally:
-        _shut_down(stop_event, thread, server, robots)
+        stop_event.set()
+        thread.join()
+        server.close()
+        for sock in robots:
+            sock.close()
     # the bad row was answered on its own, the other three by one forward pass
     assert server.stats["requests"] == 4 and server.stats["errors"] == 1 and server.stats["batches"] == 1
 
@@ -264,39 +259,34 @@ def test_two_robots_out_of_step_fall_into_one_batch():
     answered, they take turns being answered alone for good (each request arrives while the
     other's is computed); the server waits a moment for it, and from then on one forward
     pass answers both."""
-    from arli.runtime.server import InferenceServer
-
-    (port,) = free_ports(1)
-    server = InferenceServer(SlowBatchPolicy(), f"tcp://127.0.0.1:{port}", max_batch=8, batch_wait_s=0.01)
     ctx = zmq.Context.instance()
-    robots = [ctx.socket(zmq.DEALER) for _ in range(2)]
-    for sock in robots:
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(f"tcp://127.0.0.1:{port}")
-    stop_event = threading.Event()
-    thread = threading.Thread(target=server.serve, args=(stop_event,), daemon=True)
-    thread.start()
     state = np.zeros(6, np.float32)
     batches = {0: [], 1: []}
-    try:
-        time.sleep(0.3)  # connections up
-        robots[0].send(infer(request_id=0, state=state))
-        time.sleep(0.01)  # inside robot 0's forward pass
-        robots[1].send(infer(request_id=0, state=state))
-        poller = zmq.Poller()
-        for sock in robots:
-            poller.register(sock, zmq.POLLIN)
-        while min(len(b) for b in batches.values()) < 12:
-            ready = dict(poller.poll(20_000))
-            assert ready, "no reply within 20 s"
-            for k, sock in enumerate(robots):
-                if sock in ready:
-                    msg = decode(sock.recv_multipart())
-                    assert msg.kind == "chunk"
-                    batches[k].append(int(msg["timing"]["batch"]))
-                    sock.send(infer(request_id=len(batches[k]), state=state))
-    finally:
-        _shut_down(stop_event, thread, server, robots)
+    with serving_in_thread(SlowBatchPolicy(), max_batch=8, batch_wait_s=0.01) as address:
+        robots = [ctx.socket(zmq.DEALER) for _ in range(2)]
+        try:
+            for sock in robots:
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.connect(address)
+            time.sleep(0.3)  # connections up
+            robots[0].send(infer(request_id=0, state=state))
+            time.sleep(0.01)  # inside robot 0's forward pass
+            robots[1].send(infer(request_id=0, state=state))
+            poller = zmq.Poller()
+            for sock in robots:
+                poller.register(sock, zmq.POLLIN)
+            while min(len(b) for b in batches.values()) < 12:
+                ready = dict(poller.poll(20_000))
+                assert ready, "no reply within 20 s"
+                for k, sock in enumerate(robots):
+                    if sock in ready:
+                        msg = decode(sock.recv_multipart())
+                        assert msg.kind == "chunk"
+                        batches[k].append(int(msg["timing"]["batch"]))
+                        sock.send(infer(request_id=len(batches[k]), state=state))
+        finally:
+            for sock in robots:
+                sock.close()
     assert batches[0][0] == 1  # robot 1 asked during robot 0's forward pass: out of step at first
     assert batches[0][-6:] == batches[1][-6:] == [2] * 6, batches
 

@@ -5,7 +5,7 @@ instruction; its RTC mask spans the scheduler's execute horizon."""
 
 from __future__ import annotations
 
-import threading
+import re
 import time
 
 import numpy as np
@@ -14,9 +14,10 @@ import torch
 
 from arli.policies.flow import FlowChunkModel, FlowPolicy, FlowPolicyConfig
 from arli.runtime.server import InferenceServer
+from arli.transport.codec import ProtocolError
 from arli.transport.inference_client import RemoteInference
 from arli.types import ChunkRequest, Observation, PolicyRequest
-from process_utils import free_ports
+from process_utils import serving_in_thread
 
 pytestmark = pytest.mark.timeout(120)
 H, M = 8, 5
@@ -45,19 +46,12 @@ class RecordingPolicy:
 
 @pytest.fixture()
 def server():
-    (port,) = free_ports(1)
     policy = RecordingPolicy()
-    srv = InferenceServer(policy, f"tcp://127.0.0.1:{port}")
-    stop = threading.Event()
-    thread = threading.Thread(target=srv.serve, args=(stop,), daemon=True)
-    thread.start()
-    client = RemoteInference(f"tcp://127.0.0.1:{port}", 0.05, initial_delay_steps=2, instruction="default task")
-    client.connect(timeout_s=60)  # generous: a loaded CI machine starts the server thread late
-    yield policy, client
-    client.close()
-    stop.set()
-    thread.join()
-    srv.close()
+    with serving_in_thread(policy) as address:
+        client = RemoteInference(address, 0.05, initial_delay_steps=2, instruction="default task")
+        client.connect(timeout_s=60)  # generous: a loaded CI machine starts the server thread late
+        yield policy, client
+        client.close()
 
 
 def _replies(client, n=1, timeout=60.0):
@@ -114,6 +108,20 @@ def test_a_bad_camera_is_an_error_naming_it_and_the_server_keeps_serving(server)
     assert client.submit(ChunkRequest(2, 2, _obs(2), 2, None), [])
     (reply,) = _replies(client)
     assert reply.actions is not None and len(policy.requests) == 1
+
+
+def test_a_camera_of_a_size_the_policy_does_not_fix_is_asked_for_as_any_image():
+    """The schema error names the policy's shape only where it fixes one (0: any size)."""
+    from arli.runtime.server import policy_request
+    from arli.transport.codec import decode, encode
+
+    msg = decode(encode("infer", request_id=1, t0=0, capture_ts=0.0, state=np.zeros(7, np.float32), delay_steps=0,
+                        images={"front": np.zeros((8, 8, 3), np.float32)}))
+    for cameras, want in (({"front": [0, 0, 3]}, "an (h, w, 3) uint8 image"),
+                          ({"front": [16, 16, 3]}, "a (16, 16, 3) uint8 image (as the policy reads it)"),
+                          (None, "an (h, w, 3) uint8 image")):
+        with pytest.raises(ProtocolError, match=re.escape(f"camera 'front' must be {want}, got (8, 8, 3) float32")):
+            policy_request(msg, cameras)
 
 
 def _flow(cameras, rtc_mode="none", instruction="insert the peg"):

@@ -284,13 +284,6 @@ def launch_commands(cfg: LaunchConfig) -> dict[str, list[str]]:
     return cmds
 
 
-def _stoppable_by_sigint() -> None:
-    """In each child before it starts: SIGINT stops it as Ctrl-C would (each process saves what
-    it holds), also where launch itself runs with SIGINT ignored, as a script's background job
-    does, which its children would otherwise inherit."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 ACTORLESS_GRACE_S = 900.0  # the learner's final evaluation may run this long after its actors stopped
 RESTART_BACKOFF_S = (1.0, 2.0, 4.0, 8.0)  # wait before the n-th restart of a process (then the last)
 
@@ -304,6 +297,11 @@ def launch_main(cfg: LaunchConfig) -> int:
     from arli.rl.learner import LearnerDiverged  # noqa: PLC0415
 
     diverged = LearnerDiverged.exit_code
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # a script's background job ignores SIGINT, and an ignored signal stays ignored across
+        # exec: the processes would not stop when asked to below. A handler does not carry over
+        # (the children start with SIGINT at its default, as from a terminal)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     os.makedirs(cfg.output_dir, exist_ok=True)
     ensure_base_policy(cfg.checkpoint, PretrainConfig(env=cfg.env), cfg.env)  # once, not in two processes
     procs: dict[str, subprocess.Popen] = {}
@@ -312,8 +310,7 @@ def launch_main(cfg: LaunchConfig) -> int:
 
     def start(name: str, mode: str = "w") -> None:
         with open(os.path.join(cfg.output_dir, f"{name}.log"), mode, encoding="utf-8") as log:
-            procs[name] = subprocess.Popen(commands[name], stdout=log, stderr=subprocess.STDOUT, env=env,
-                                           preexec_fn=_stoppable_by_sigint)
+            procs[name] = subprocess.Popen(commands[name], stdout=log, stderr=subprocess.STDOUT, env=env)
         print(f"started {name} (pid {procs[name].pid}): logs in {cfg.output_dir}/{name}.log", flush=True)
 
     try:

@@ -60,8 +60,8 @@ def _finite(actions: np.ndarray) -> bool:
 
 def _images(value, where: str, expected: dict[str, list[int]] | None = None) -> dict[str, np.ndarray]:
     """An ``images`` map off the wire: camera name -> (h, w, 3) uint8, or a schema error
-    naming the camera and, when the policy reads that camera (``expected``: name ->
-    [h, w, 3]), the shape it takes."""
+    naming the camera and, when the policy reads that camera at a fixed size (``expected``:
+    name -> [h, w, 3], 0 for a size it does not fix), the shape it takes."""
     if not isinstance(value, dict):
         raise ProtocolError("schema", f"{where}: images must be a map of camera name -> image")
     out = {}
@@ -70,7 +70,8 @@ def _images(value, where: str, expected: dict[str, list[int]] | None = None) -> 
                 or image.shape[2] != 3 or image.dtype != _UINT8:
             got = f"{image.shape} {image.dtype}" if isinstance(image, np.ndarray) else type(image).__name__
             shape = (expected or {}).get(name) if isinstance(name, str) else None
-            want = f"a {tuple(shape)} uint8 image (as the policy reads it)" if shape else "an (h, w, 3) uint8 image"
+            fixed = shape is not None and all(shape)  # 0: a size the policy does not fix
+            want = f"a {tuple(shape)} uint8 image (as the policy reads it)" if fixed else "an (h, w, 3) uint8 image"
             raise ProtocolError("schema", f"{where}: camera {name!r} must be {want}, got {got}")
         out[name] = image
     return out
