@@ -29,7 +29,7 @@ from arli.envs import EnvConfig
 from arli.errors import ConfigError, require
 from arli.latency import LatencyConfig
 from arli.policies.flow_config import FlowHyperparams
-from arli.rl.config import DEMONSTRATIONS, REPORTED_TEST_EPISODES, RunSpec
+from arli.rl.config import DEMONSTRATIONS, NOISE_PROCESSES, REPORTED_TEST_EPISODES, RunSpec
 from arli.transport.openpi_mapping import OpenPIConfig
 from arli.transport.zmq_io import TransportConfig
 from robot_drivers.franka.config import FrankaConfig
@@ -489,6 +489,10 @@ class BenchCeilingConfig(SimBase):
     delay_steps: list[int] = field(default_factory=lambda: [0, 4, 8])
     scales: list[float] = field(default_factory=lambda: [0.3, 0.6, 1.0])  # the bound; 0.3 = the default
     grip_authority: list[bool] = field(default_factory=lambda: [False, True])
+    # exploration the task tolerates: the projected expert at the default bound with noise of
+    # these stds on r (residual units), drawn by each process of ``noise`` ([] = no such cells)
+    noise_std: list[float] = field(default_factory=list)
+    noise: list[str] = field(default_factory=lambda: list(NOISE_PROCESSES))
     anchor_episodes: int = 20  # demonstrations per delay for the clipped-target share
     workers: int = 2
     report_dir: str = "reports"
@@ -501,6 +505,9 @@ class BenchCeilingConfig(SimBase):
         require(len(self.scales) >= 1 and all(0 < s <= 2 for s in self.scales), "scales",
                 "a non-empty list of bounds in (0, 2]", self.scales)
         require(len(self.grip_authority) >= 1, "grip_authority", "a non-empty list of booleans", self.grip_authority)
+        require(all(s > 0 for s in self.noise_std), "noise_std", "a list of stds > 0 (residual units)", self.noise_std)
+        require(len(self.noise) >= 1 and set(self.noise) <= set(NOISE_PROCESSES), "noise",
+                f"a non-empty list of {NOISE_PROCESSES}", self.noise)
         _positive(self, "anchor_episodes", "workers")
 
 

@@ -4,6 +4,8 @@ with Q-vs-return diagnostics, checkpoints that resume exactly."""
 
 from __future__ import annotations
 
+import copy
+
 import os
 import time
 from dataclasses import replace
@@ -182,6 +184,28 @@ class Finetuner:
         if reverted:
             self.learner.reset_actor()
         return {"split": "tune", "episodes": episodes, "base": base, "start": start, "reverted": reverted}
+
+    def guard_end(self) -> dict:
+        """Do no harm after RL: the finetuned residual against the one RL started from (the
+        anchored start, or the zero residual where the start guard dropped it) on the curve's
+        tune episodes, paired seeds: the curve's first and last points where they are at 0 and
+        at this step, else evaluated now. A finetuned residual below its start is dropped and
+        the start deployed (its weights are ``learner.actor_start``)."""
+        episodes, history = self.spec.eval_episodes, self.history
+        first = history[0] if history and history[0]["env_steps"] == 0 else None
+        last = history[-1] if history and history[-1]["env_steps"] == self.env_steps else None
+        trained = last["success"] if last else self.evaluate(episodes)["success"]
+        if first is None:
+            kept = copy.deepcopy(self.learner.actor.state_dict())
+            self.learner.actor.load_state_dict(self.learner.actor_start.state_dict())
+            start = self.evaluate(episodes)["success"]
+            self.learner.actor.load_state_dict(kept)
+        else:
+            start = first["success"]
+        reverted = trained < start
+        if reverted:
+            self.learner.revert_to_start()
+        return {"split": "tune", "episodes": episodes, "start": start, "trained": trained, "reverted": reverted}
 
     # -- training ------------------------------------------------------------------------
     def train(self, env_steps: int | None = None, writer=None, progress: bool = True,

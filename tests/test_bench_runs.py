@@ -9,14 +9,36 @@ from arli.bench.runs import main
 from arli.config import ConfigError
 
 
-def _run(path, seed_base, final, start, base, variant="arli"):
+def _run(path, seed_base, final, start, base, variant="arli", trained=None, guard=None):
     path.mkdir()
     split = {"split": "test", "seed_base": seed_base, "episodes": len(final)}
-    (path / "eval_test.json").write_text(json.dumps({"split": split, "outcomes": {"base": base, "start": start,
-                                                                                  "final": final}}))
+    outcomes = {"base": base, "start": start, "final": final, **({"trained": trained} if trained else {})}
+    (path / "eval_test.json").write_text(json.dumps({"split": split, "outcomes": outcomes}))
     (path / "summary.json").write_text(json.dumps({"env": "peg_insert", "variant": variant, "regime": "rl",
-                                                   "delay_steps": 8, "env_steps": 100, "wall_s": 1.0}))
+                                                   "delay_steps": 8, "env_steps": 100, "wall_s": 1.0,
+                                                   "end_guard": guard}))
     return str(path)
+
+
+def test_the_trained_residual_is_pooled_next_to_the_deployed_one(tmp_path):
+    """Runs with the end guard: what RL trained and what was deployed (the start where the guard
+    dropped the trained residual), and the guard's paired effect final - trained."""
+    guard = {"split": "tune", "episodes": 30, "start": 0.9, "trained": 0.8, "reverted": True}
+    a = _run(tmp_path / "a", 5, [1, 1, 1, 0], [1, 1, 1, 0], [0, 0, 0, 0], trained=[1, 0, 0, 0], guard=guard)
+    b = _run(tmp_path / "b", 5, [1, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], trained=[1, 1, 0, 0],
+             guard={**guard, "trained": 0.95, "reverted": False})
+    assert main(compose("bench_runs", [f"runs=[{a},{b}]", "name=guarded", f"report_dir={tmp_path}"])) == 0
+    report = json.loads((tmp_path / "guarded.json").read_text())
+    assert report["cells"]["trained"]["per_seed"] == [0.25, 0.5] and report["cells"]["final"]["per_seed"] == [0.75, 0.5]
+    assert report["gains"]["final-trained"]["mean"] == 0.25 and report["gains"]["trained-start"]["mean"] == -0.125
+    assert [g["reverted"] for g in report["end_guard"]] == [True, False]
+    md = (tmp_path / "guarded.md").read_text()
+    assert "as trained (before the end guard)" in md and "0.90 vs 0.80 -> start deployed" in md
+    # a run without the trained outcomes (made before the guard): no trained cell for the pool
+    c = _run(tmp_path / "c", 5, [1, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0])
+    assert main(compose("bench_runs", [f"runs=[{a},{c}]", "name=mixed", f"report_dir={tmp_path}"])) == 0
+    mixed = json.loads((tmp_path / "mixed.json").read_text())
+    assert "trained" not in mixed["cells"] and "final-trained" not in mixed["gains"]
 
 
 def test_runs_are_pooled_per_seed_and_paired(tmp_path):

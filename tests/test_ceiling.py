@@ -35,10 +35,30 @@ def test_the_projected_expert_moves_at_most_the_bound_toward_the_expert():
     np.testing.assert_allclose(wide, expert(None), atol=1e-6)  # a bound that covers the range: the expert
 
 
+def test_exploration_on_the_projected_expert_walks_the_hand_only_when_white():
+    """noise_std cells: the learner's exploration on the projected expert's r. Summed over an
+    episode (the controller integrates the deltas), differenced noise stays at
+    scale * std / sqrt(2) while white noise grows as scale * std * sqrt(T)."""
+    expert = lambda s: np.zeros(5, np.float32)  # noqa: E731 - the base's own action: r = 0
+    info = _info([0.0] * 5)
+    obs = Observation(np.zeros(3, np.float32), 0)
+    drift = {}
+    for process in ("white", "differenced"):
+        ctl = ProjectedExpert(expert, 0.3, grip_authority=False, noise=(process, 0.2), seed=1)
+        sums = []
+        for _ in range(200):
+            ctl.begin_episode()
+            sums.append(np.sum([ctl.act(t, obs, info) for t in range(100)], axis=0))
+        drift[process] = float(np.std(sums))
+    assert abs(drift["differenced"] - 0.3 * 0.2 / np.sqrt(2)) < 0.01, drift
+    assert abs(drift["white"] - 0.3 * 0.2 * 10) < 0.1, drift
+
+
 @pytest.mark.slow
 def test_bench_ceiling_report(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "arli.cli", "bench", "ceiling", "env=pick_cube", "checkpoint=expert",
                            "delay_steps=[0,4]", "scales=[0.1,0.3,1.0]", "run.test_episodes=4", "anchor_episodes=2",
+                           "noise_std=[0.3]",
                            f"report_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((tmp_path / "ceiling_pick_cube.json").read_text())
@@ -51,4 +71,9 @@ def test_bench_ceiling_report(tmp_path):
     for d in (0, 4):  # the same anchor rows judged against a wider bound: never more of them clipped
         shares = [c["share_any"] for c in report["anchor_clipping"] if c["delay_steps"] == d]
         assert len(shares) == 3 and shares == sorted(shares, reverse=True) and 0 <= shares[-1] <= shares[0] <= 1
+    # exploration cells: the default bound, each process at each delay, apart from the ceiling's
+    assert sorted((c["delay_steps"], c["noise"]["process"], c["noise"]["std"], c["scale"])
+                  for c in report["exploration"]) == [(d, p, 0.3, 0.3) for d in (0, 4) for p in ("differenced", "white")]
+    assert all(len(c["outcomes"]) == 4 for c in report["exploration"])
+    assert "| 4 | 0.3 | differenced |" in (tmp_path / "ceiling_pick_cube.md").read_text()
     assert (tmp_path / "ceiling_pick_cube.png").exists() and (tmp_path / "ceiling_pick_cube.md").exists()

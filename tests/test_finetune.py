@@ -160,7 +160,15 @@ def test_finetune_entry_point_writes_a_consistent_run(tmp_path):
         assert len(report["outcomes"][name]) == 3 and summary[key] == sum(report["outcomes"][name]) / 3
         lo, hi = report["ci95"][name]
         assert lo <= summary[key] <= hi
-    assert set(report["gains"]) == {"final-start", "final-base", "start-base"}
+    assert set(report["gains"]) == {"final-start", "final-base", "start-base", "trained-start"}
+    # the end guard: the curve's first and last tune points decide; the deployed residual is the
+    # trained one, or (dropped) the start, whose test outcomes it then has
+    guard, curve = summary["end_guard"], summary["history"]
+    assert (guard["start"], guard["trained"]) == (curve[0]["success"], curve[-1]["success"])
+    assert guard["reverted"] == (guard["trained"] < guard["start"])
+    assert summary["trained_success"] == sum(report["outcomes"]["trained"]) / 3
+    deployed = report["outcomes"]["start"] if guard["reverted"] else report["outcomes"]["trained"]
+    assert report["outcomes"]["final"] == deployed
     assert summary["env_steps_per_s"] > 0 and summary["updates_per_s"] > 0
     # a stable run says so for each evaluation (tests/test_sim_envs.py provokes an unstable one)
     assert summary["sim_unstable_episodes"] == {"test_base": 0, "test_start": 0, "test_final": 0, "run": 0}
@@ -334,6 +342,47 @@ def test_the_start_guard_drops_a_start_below_the_base(monkeypatch, start, base, 
         assert moved == 0.0 and centre == 0.0
     else:
         assert moved > 0.0 and centre == pytest.approx(moved)
+
+
+@pytest.mark.parametrize("trained,start,reverted", [(0.5, 1.0, True), (1.0, 1.0, False), (1.0, 0.5, False)])
+def test_the_end_guard_drops_a_trained_residual_below_its_start(monkeypatch, trained, start, reverted):
+    """Do no harm after RL: guard_end compares the trained residual with the one RL started
+    from on the tune episodes (the start evaluated with the start's own weights, the trained
+    one's restored after); below its start, the start's weights act again, exactly."""
+    ft = _finetuner()
+    ft.prepare()
+    ft.train(150, progress=False)
+    start_w = {k: v.clone() for k, v in ft.learner.actor_start.state_dict().items()}
+    trained_w = {k: v.clone() for k, v in ft.learner.actor.state_dict().items()}
+    assert any(not torch.equal(start_w[k], trained_w[k]) for k in start_w)  # RL moved the actor
+    calls = []
+
+    def fake_evaluate(episodes, seed=None, residual=True, diagnostics=False):
+        now = ft.learner.actor.state_dict()
+        which = "start" if all(torch.equal(now[k], start_w[k]) for k in now) else "trained"
+        calls.append((episodes, seed, which))
+        return {"success": start if which == "start" else trained}
+
+    monkeypatch.setattr(ft, "evaluate", fake_evaluate)
+    ft.history = []  # no curve points to read: both residuals are evaluated
+    guard = ft.guard_end()
+    assert sorted(calls) == [(2, None, "start"), (2, None, "trained")]  # tune seeds, both residuals
+    assert guard == {"split": "tune", "episodes": 2, "start": start, "trained": trained, "reverted": reverted}
+    deployed = ft.learner.actor.state_dict()
+    for k in deployed:
+        assert torch.equal(deployed[k], (start_w if reverted else trained_w)[k]), k
+        assert torch.equal(ft.learner.actor_target.state_dict()[k], deployed[k]) or not reverted
+
+
+def test_the_end_guard_reads_the_curve_where_it_has_both_points(monkeypatch):
+    """The curve's first point (the start, at 0 online steps) and its last (at this step) are
+    the guard's numbers: no evaluation is run again."""
+    ft = _finetuner()
+    ft.prepare()
+    ft.train(100, progress=False)
+    ft.history = [{"env_steps": 0, "success": 0.9}, {"env_steps": ft.env_steps, "success": 0.6}]
+    monkeypatch.setattr(ft, "evaluate", lambda *a, **k: pytest.fail("the guard evaluated"))
+    assert ft.guard_end() == {"split": "tune", "episodes": 2, "start": 0.9, "trained": 0.6, "reverted": True}
 
 
 def test_no_start_guard_without_pretraining_or_when_switched_off(monkeypatch):

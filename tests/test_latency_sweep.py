@@ -62,6 +62,12 @@ def test_latency_sweep_cells_cache_and_report(tmp_path):
     assert by_cell[("anchor_only", 0)]["start_outcomes"] == by_cell[("anchor_only", 0)]["outcomes"]
     for v in ("arli", "bc_control", "uniform_control", "standard_d0"):
         assert len(by_cell[(v, 0)]["start_outcomes"]) == 2
+        for seed in (0, 1):  # the end guard: what RL trained is kept; dropped, the start's outcomes are final
+            row = by_cell[(v, seed)]
+            guard, trained = row["end_guard"], row["trained_outcomes"]
+            assert len(trained) == 2 and guard["reverted"] == (guard["trained"] < guard["start"])
+            assert row["outcomes"] == (row["start_outcomes"] if guard["reverted"] else trained)
+    assert by_cell[("anchor_only", 0)]["end_guard"] is None
     assert json.loads((tmp_path / "reports" / "latency_sweep.json").read_text())["cells"] == out["cells"]
     md = (tmp_path / "reports" / "latency_sweep.md").read_text()
     assert "budget=150" in md and "Expected results" in md and "ceiling" in md

@@ -141,6 +141,32 @@ def test_exploration_noise_is_ar1_within_an_episode_on_both_acting_paths(rho):
         assert abs(across) < 0.15, (type(acting), across)
 
 
+def test_differenced_exploration_keeps_the_running_sum_bounded_on_both_acting_paths():
+    """learner.exploration_differenced: e_t = (xi_t - xi_{t-1}) / sqrt(2) on the learner's torch
+    acting and the robot's numpy acting alike: marginal std exploration_std, lag-1 correlation
+    -1/2, and a running sum (where delta actions integrate into the hand's target) whose spread
+    stays at std / sqrt(2) at every step, where white noise's grows as std sqrt(t)."""
+    length = 60
+    cfg = LearnerConfig(residual_scale=1.0, exploration_std=0.2, exploration_differenced=True)
+    learner = ResidualLearner(cfg, D, M, seed=0)  # zero-initialised residual: r(s) = 0
+    arrays = {k: v.detach().numpy() for k, v in learner.actor.state_dict().items()}
+    for acting in (learner, ResidualActing(cfg, arrays, M, seed=0)):
+        x = _exploration_episodes(acting, episodes=300, length=length)
+        assert abs(x[:, 1:].std() - 0.2) < 0.02, type(acting)
+        assert abs(_lag1(x) + 0.5) < 0.06, (type(acting), _lag1(x))
+        walk = x.cumsum(axis=1)
+        for t in (0, 10, length - 1):
+            assert abs(walk[:, t].std() - 0.2 / np.sqrt(2)) < 0.02, (type(acting), t, walk[:, t].std())
+    white = _exploration_episodes(ResidualLearner(LearnerConfig(residual_scale=1.0, exploration_std=0.2), D, M),
+                                  episodes=300, length=length).cumsum(axis=1)
+    assert white[:, -1].std() > 4 * 0.2 / np.sqrt(2)  # ~0.2 sqrt(60) = 1.5: the walk a white process takes
+
+
+def test_one_exploration_process_at_a_time():
+    with pytest.raises(ValueError, match=r"run\.learner\.exploration_differenced: expected false while"):
+        LearnerConfig(exploration_corr=0.5, exploration_differenced=True).validate()
+
+
 def test_compose_clips_to_the_action_range():
     out = compose_action(np.array([0.9, -0.9]), np.array([1.0, -1.0]), 0.3)
     np.testing.assert_allclose(out, [1.0, -1.0])

@@ -152,9 +152,14 @@ def run_cell(cfg_dict: dict, variant: str, delay: int, seed: int | None) -> dict
     else:
         ft.train(progress=False)
         final = ft.evaluate(episodes, seed=test_seed)
+    guard = ft.guard_end() if spec.end_guard and variant != "anchor_only" else None
+    trained = final
+    if guard and guard["reverted"]:  # the start is deployed: its outcomes are the final ones
+        final = ft.evaluate(episodes, seed=test_seed)
     reached = next((h["env_steps"] for h in ft.history if h["success"] >= 0.8), None)
     return {**cell, "success": final["success"], "outcomes": [int(x) for x in final["outcomes"]],
             "start_success": start["success"], "start_outcomes": [int(x) for x in start["outcomes"]],
+            "trained_outcomes": [int(x) for x in trained["outcomes"]], "end_guard": guard,
             "steps_to_80": reached, "curve": ft.history, "sources": loaded_sources()}
 
 

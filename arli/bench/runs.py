@@ -49,6 +49,11 @@ def training_seed(run_dir: str) -> int | None:
     return None if run is None else int(run.seed)
 
 
+def _seed_label(run_dir: str) -> str:
+    seed = training_seed(run_dir)
+    return f"seed {seed}" if seed is not None else os.path.basename(os.path.normpath(run_dir))
+
+
 def demonstrations(run_dir: str) -> str | None:
     """Which demonstrator made a run's anchor data (``run.demonstrations``; a run saved before
     the key existed ran with the expert's own; None for a run without config.yaml)."""
@@ -101,11 +106,15 @@ def main(cfg: BenchRunsConfig) -> int:
     settings = {json.dumps({k: s[k] for k in keys}) for s in summaries}
     if len(settings) != 1:
         raise ConfigError(f"runs: the runs differ in {keys}: {sorted(settings)}")
-    outcomes = {p: np.array([e["outcomes"][p] for e in evals], float) for p in POLICIES}
+    # the residual RL trained, where the end guard may have deployed the start instead (runs
+    # made before the guard existed have no such outcomes: their final is what RL trained)
+    policies = POLICIES + (("trained",) if all("trained" in e["outcomes"] for e in evals) else ())
+    outcomes = {p: np.array([e["outcomes"][p] for e in evals], float) for p in policies}
     cells = {p: {"success": float(outcomes[p].mean()), "ci95": list(success_ci(outcomes[p])),
-                 "per_seed": [float(x) for x in outcomes[p].mean(1)]} for p in POLICIES}
+                 "per_seed": [float(x) for x in outcomes[p].mean(1)]} for p in policies}
     gains = {}
-    for a, b in (("final", "start"), ("final", "base"), ("start", "base")):
+    pairs = (("final", "start"), ("final", "base"), ("start", "base"))
+    for a, b in pairs + ((("trained", "start"), ("final", "trained")) if "trained" in policies else ()):
         ci = gain_ci(outcomes[a], outcomes[b])
         gains[f"{a}-{b}"] = {"mean": cells[a]["success"] - cells[b]["success"], "ci95": list(ci),
                              "verdict": verdict(ci)}
@@ -114,6 +123,7 @@ def main(cfg: BenchRunsConfig) -> int:
     payload = {**{k: s0[k] for k in keys}, "env_steps": [s["env_steps"] for s in summaries],
                "eval": evals[0]["split"], "runs": list(cfg.runs), "seeds": len(cfg.runs), "cells": cells,
                "demonstrations": demo, "gains": gains, "reference_runs": list(cfg.reference), "reference": reference,
+               "end_guard": [s.get("end_guard") for s in summaries],
                "wall_s": [s["wall_s"] for s in summaries], "machine": machine_info()}
     md = [f"# {cfg.name}: `{s0['variant']}` on `{s0['env']}`, d = {s0['delay_steps']}, {len(cfg.runs)} training seeds",
           "", f"`arli bench runs 'runs=[{', '.join(cfg.runs)}]' "
@@ -123,13 +133,23 @@ def main(cfg: BenchRunsConfig) -> int:
           f"{evals[0]['split']['seed_base']}..); 95% two-level bootstrap over training seeds and episodes; anchor "
           f"data from `run.demonstrations={demo or 'unknown (no config.yaml)'}`.", "",
           "| policy | success | 95% CI | per seed |", "|---|---:|---:|---|"]
-    for p, label in zip(POLICIES, ("base alone", "anchored start (0 online steps)", "after RL")):
+    labels = {"base": "base alone", "start": "anchored start (0 online steps)", "final": "after RL (deployed)",
+              "trained": "after RL, as trained (before the end guard)"}
+    for p in policies:
         c = cells[p]
+        label = labels[p]
         md.append(f"| {label} | {c['success']:.3f} | {c['ci95'][0]:.3f}–{c['ci95'][1]:.3f} | "
                   f"{' / '.join(f'{x:.3f}' for x in c['per_seed'])} |")
     md += ["", "| gain | mean | 95% CI | verdict vs 0 |", "|---|---:|---:|---|"]
     for k, g in gains.items():
         md.append(f"| {k} | {g['mean']:+.3f} | {g['ci95'][0]:+.3f} – {g['ci95'][1]:+.3f} | {g['verdict']} |")
+    guards = [g for g in payload["end_guard"] if g]
+    if guards:
+        md += ["", "End guard (each run's tune curve, start against trained; a trained residual below its start "
+               "is dropped and the start deployed): " + "; ".join(
+                   f"{_seed_label(d)}: {g['start']:.2f} vs {g['trained']:.2f}"
+                   + (" -> start deployed" if g["reverted"] else " -> trained kept")
+                   for d, g in zip(cfg.runs, payload["end_guard"]) if g) + "."]
     if reference:
         md += ["", f"Against the reference runs `[{', '.join(cfg.reference)}]` (the same training seeds and test "
                "episodes, paired):", "", "| difference | reference | mean | 95% CI | verdict vs 0 |",

@@ -88,13 +88,15 @@ def run_videos(cfg: FinetuneConfig, ft, name: str, out_dir: str, episodes: int, 
 
 def test_report(run, split: dict, outcomes: dict[str, list[bool]]) -> dict:
     """Per-episode outcomes of each evaluated policy on one seed range, their success with a
-    95% bootstrap interval, and the paired gains (finetuned vs start, vs base) with theirs."""
+    95% bootstrap interval, and the paired gains (finetuned vs start, vs base) with theirs.
+    ``final``: the deployed residual; ``trained``: the one RL trained (they differ where the end
+    guard dropped it)."""
     from arli.stats import gain_ci, success_ci, verdict  # noqa: PLC0415
 
     out = {"split": split, "outcomes": outcomes,
            "success": {k: float(np.mean(v)) for k, v in outcomes.items()},
            "ci95": {k: list(success_ci(v)) for k, v in outcomes.items()}, "gains": {}}
-    for a, b in (("final", "start"), ("final", "base"), ("start", "base")):
+    for a, b in (("final", "start"), ("final", "base"), ("start", "base"), ("trained", "start")):
         if a in outcomes and b in outcomes:
             ci = gain_ci(outcomes[a], outcomes[b])
             out["gains"][f"{a}-{b}"] = {"mean": out["success"][a] - out["success"][b], "ci95": list(ci),
@@ -161,11 +163,16 @@ def main(cfg: FinetuneConfig) -> int:
         print(f"arli finetune: stopped: {exc}", file=sys.stderr)
         return LearnerDiverged.exit_code
     train_s = time.time() - train_start
-    ft.save(os.path.join(run_dir, "checkpoint"))
-    final = ft.evaluate_test()
+    trained = final = ft.evaluate_test()
+    end_guard = ft.guard_end() if spec.end_guard else None
+    if end_guard and end_guard["reverted"]:
+        print(f"end guard ({end_guard['episodes']} tune episodes): trained {end_guard['trained']:.2f} < start "
+              f"{end_guard['start']:.2f} -> the trained residual is dropped, the start deployed")
+        final = ft.evaluate_test()
+    ft.save(os.path.join(run_dir, "checkpoint"))  # what is deployed
     writer.add_scalar("eval/final_success", final["success"], ft.env_steps)
     writer.flush()
-    outcomes = {"base": base_eval["outcomes"], "final": final["outcomes"]}
+    outcomes = {"base": base_eval["outcomes"], "final": final["outcomes"], "trained": trained["outcomes"]}
     if anchor_eval is not None:
         outcomes["start"] = anchor_eval["outcomes"]
     report = test_report(spec, test, outcomes)
@@ -178,7 +185,8 @@ def main(cfg: FinetuneConfig) -> int:
     summary = {
         "env": name, "variant": spec.variant, "regime": spec.regime, "strategy": cfg.chunking.strategy,
         "delay_steps": delay, "anchor_only_success": start_success,
-        "start_guard": ft.start_record.get("start_guard"),
+        "start_guard": ft.start_record.get("start_guard"), "end_guard": end_guard,
+        "trained_success": trained["success"],
         "env_steps": ft.env_steps, "updates": ft.learner.updates,
         # anchor replay = anchor episodes + online intervention steps
         "anchor_transitions": len(ft.anchor), "intervened_steps": ft.controller.intervened_steps,
@@ -221,8 +229,14 @@ def main(cfg: FinetuneConfig) -> int:
     by_intervener = (f", {ft.controller.intervened_steps} of them by the intervener "
                      f"({summary['intervention_share']:.0%}, {ft.controller.takeovers} takeovers)"
                      if spec.regime == "hil" else "")
-    print(f"| base + {spec.variant} residual after RL ({ft.env_steps} env steps{by_intervener}) "
-          f"| {final['success']:.2f} | {ci['final'][0]:.2f}–{ci['final'][1]:.2f} |")
+    if end_guard and end_guard["reverted"]:
+        print(f"| base + {spec.variant} residual as RL trained it ({ft.env_steps} env steps{by_intervener}; "
+              f"dropped by the end guard) | {trained['success']:.2f} | {ci['trained'][0]:.2f}–{ci['trained'][1]:.2f} |")
+        print(f"| deployed after RL: the start (end guard) | {final['success']:.2f} "
+              f"| {ci['final'][0]:.2f}–{ci['final'][1]:.2f} |")
+    else:
+        print(f"| base + {spec.variant} residual after RL ({ft.env_steps} env steps{by_intervener}) "
+              f"| {final['success']:.2f} | {ci['final'][0]:.2f}–{ci['final'][1]:.2f} |")
     for key, gain in report["gains"].items():
         print(f"gain {key}: {gain['mean']:+.3f}, 95% CI [{gain['ci95'][0]:+.3f}, {gain['ci95'][1]:+.3f}] "
               f"({gain['verdict']} 0)")

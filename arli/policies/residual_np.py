@@ -60,11 +60,37 @@ class NumpyResidualActor:
         return np.tanh(out, out=out)
 
 
+class NoiseProcess:
+    """The exploration process on r within an episode, from white draws xi_t (m,) already
+    scaled by the std: independent (``corr`` 0), AR(1) with correlation ``corr`` (stationary:
+    marginal std unchanged), or ``differenced`` (xi_t - xi_{t-1}) / sqrt(2), xi_{-1} = 0, whose
+    running sum stays bounded. ``begin_episode`` restarts it."""
+
+    def __init__(self, corr: float = 0.0, differenced: bool = False):
+        self.corr, self.differenced = np.float32(corr), differenced
+        self._innovation = np.float32(math.sqrt(1 - corr * corr))
+        self._last: np.ndarray | None = None  # the process's memory (m,): xi_{t-1}, or e_{t-1} for AR(1)
+
+    def begin_episode(self) -> None:
+        self._last = None
+
+    def __call__(self, xi: np.ndarray) -> np.ndarray:
+        """e_t (m,) for this step's draw xi (m,)."""
+        if self.differenced:
+            prev, self._last = self._last, xi
+            return (xi if prev is None else xi - prev) * np.float32(math.sqrt(0.5))
+        if self.corr > 0:
+            if self._last is not None:
+                xi = self.corr * self._last + self._innovation * xi
+            self._last = xi
+        return xi
+
+
 class ResidualActing:
     """What the robot needs of the learner to act: ``act(state, base, explore)`` with the
-    numpy actor, Gaussian exploration on r (AR(1)-correlated within an episode when
-    ``cfg.exploration_corr`` > 0, as in the learner), a = clip(b + scale * r). ``cfg``:
-    LearnerConfig.
+    numpy actor, Gaussian exploration on r (``NoiseProcess``: the learner's, from
+    ``cfg.exploration_corr`` and ``cfg.exploration_differenced``), a = clip(b + scale * r).
+    ``cfg``: LearnerConfig.
 
     Exploration noise is drawn in blocks by ``prepare()``, which the runtime calls before the
     tick (``warm``), so a step's critical path holds no random-number generation; clipping
@@ -80,11 +106,11 @@ class ResidualActing:
         self.scale = np.float32(cfg.residual_scale)
         self._noise = np.empty((0, action_dim), np.float32)
         self._next = 0
-        self._last_noise: np.ndarray | None = None  # the exploration process's last value (m,)
+        self.process = NoiseProcess(cfg.exploration_corr, cfg.exploration_differenced)
 
     def begin_episode(self) -> None:
         """Restarts the exploration process (its correlation never spans two episodes)."""
-        self._last_noise = None
+        self.process.begin_episode()
 
     def prepare(self) -> None:
         """Draw the next block of exploration noise (NOISE_BLOCK, m) if this one is spent."""
@@ -98,14 +124,8 @@ class ResidualActing:
         r = self.actor(state)
         if explore:
             self.prepare()  # a no-op unless the runtime did not call it before the tick
-            noise = self._noise[self._next]
+            r += self.process(self._noise[self._next])
             self._next += 1
-            rho = self.cfg.exploration_corr
-            if rho > 0:
-                if self._last_noise is not None:  # stationary AR(1): marginal std unchanged
-                    noise = np.float32(rho) * self._last_noise + np.float32(math.sqrt(1 - rho * rho)) * noise
-                self._last_noise = noise
-            r += noise
             _clip_unit(r)
         r *= self.scale
         r += base

@@ -13,6 +13,7 @@ from arli.errors import require
 ACTOR_UPDATES = ("dpg", "select", "awr")
 AWR_ADVANTAGES = ("td", "q", "q_bounded")
 AWR_WEIGHTS = ("advantage", "uniform")
+NOISE_PROCESSES = ("white", "differenced")  # exploration without / with exploration_differenced
 
 
 @dataclass
@@ -94,6 +95,13 @@ class LearnerConfig:
     # online rows) learns to continue the drift: measured, it costs 0.11-0.36 success
     # (reports/learner_tuning.md). Only for updates that do not regress onto online actions
     exploration_corr: float = 0.0
+    # differenced exploration: e_t = (xi_t - xi_{t-1}) / sqrt(2), xi white, xi_{-1} = 0 (marginal
+    # std exploration_std from step 1). The actions are deltas the controller integrates into the
+    # hand's target, so white noise on them walks the target away (std ~ sigma sqrt(t)), which is
+    # what breaks the insertion; the running sum of differenced noise is sigma xi_t / sqrt(2),
+    # bounded, so a larger per-step noise shows the critic an action's effect without drifting
+    # the hand (reports/learner_tuning.md has what it did)
+    exploration_differenced: bool = False
     # BC only on anchor rows whose action the critic values above the actor's (Q-filter,
     # Nair et al. 2018): the anchor pulls where it is better, the critic decides elsewhere
     q_filter: bool = False  # actor_update=dpg only
@@ -130,6 +138,9 @@ class LearnerConfig:
             "run.learner.residual_scale": (0 < self.residual_scale <= 2, "in (0, 2]"),
             "run.learner.exploration_std": (self.exploration_std >= 0, ">= 0"),
             "run.learner.exploration_corr": (0 <= self.exploration_corr < 1, "in [0, 1)"),
+            "run.learner.exploration_differenced": (not (self.exploration_differenced and self.exploration_corr > 0),
+                                                    "false while run.learner.exploration_corr > 0 (one noise "
+                                                    "process: AR(1) or differenced)"),
             "run.learner.q_weight": (self.q_weight >= 0, ">= 0"),
             "run.learner.anchor_weight": (self.anchor_weight >= 0, ">= 0"),
             "run.learner.start_weight": (self.start_weight >= 0, ">= 0"),
@@ -292,6 +303,11 @@ class RunSpec:
     # do no harm before RL starts: the anchored start and the base alone on the tune
     # episodes; a start below the base is dropped and RL starts from the zero residual
     start_guard: bool = True
+    # do no harm after RL: the finetuned residual and the one RL started from on the tune
+    # episodes (the curve's first and last points); a finetuned residual below its start is
+    # dropped and the start deployed (the final numbers are then the start's; the trained
+    # residual's own test outcomes are kept as "trained")
+    end_guard: bool = True
     device: str = "auto"  # where the learner's networks and updates run: auto (CUDA if torch sees one) | cpu | cuda
     learner: LearnerConfig = field(default_factory=LearnerConfig)
 

@@ -125,10 +125,14 @@ class ResidualLearner:
         self._noise = None
 
     def exploration_noise(self, shape: torch.Size) -> torch.Tensor:
-        """Next unit-variance exploration sample of ``shape`` (1, m): independent per step, or
+        """Next unit-variance exploration sample of ``shape`` (1, m): independent per step,
         AR(1) with correlation ``exploration_corr`` within an episode (stationary from its
-        first step, so its marginal std never changes)."""
+        first step, so its marginal std never changes), or differenced white noise
+        (xi_t - xi_{t-1}) / sqrt(2) (``exploration_differenced``; xi_{-1} = 0)."""
         xi = torch.randn(shape, generator=self.generator)
+        if self.cfg.exploration_differenced:
+            prev, self._noise = self._noise, xi
+            return xi / 2**0.5 if prev is None else (xi - prev) / 2**0.5
         rho = self.cfg.exploration_corr
         if rho > 0 and self._noise is not None:
             xi = rho * self._noise + (1.0 - rho * rho) ** 0.5 * xi
@@ -387,6 +391,13 @@ class ResidualLearner:
         self.actor_target.load_state_dict(self.actor.state_dict())
         self.actor_start.load_state_dict(self.actor.state_dict())
         return float(loss.item())
+
+    def revert_to_start(self) -> None:
+        """Back to the actor RL started from (``actor_start``), its target with it, and a fresh
+        actor optimiser; the critic keeps what it learned."""
+        for net in (self.actor, self.actor_target):
+            net.load_state_dict(self.actor_start.state_dict())
+        self.actor_opt = FlatAdam(self.actor_flat, lr=self.cfg.actor_lr)
 
     def reset_actor(self) -> None:
         """Back to the initial actor (exactly zero residual: the base acts), its target and the
