@@ -75,5 +75,6 @@ def test_bench_ceiling_report(tmp_path):
     assert sorted((c["delay_steps"], c["noise"]["process"], c["noise"]["std"], c["scale"])
                   for c in report["exploration"]) == [(d, p, 0.3, 0.3) for d in (0, 4) for p in ("differenced", "white")]
     assert all(len(c["outcomes"]) == 4 for c in report["exploration"])
-    assert "| 4 | 0.3 | differenced |" in (tmp_path / "ceiling_pick_cube.md").read_text()
+    md = (tmp_path / "ceiling_pick_cube.md").read_text()
+    assert "| 4 | 0.3 | differenced |" in md and "'noise_std=[0.3]' anchor_episodes=2" in md
     assert (tmp_path / "ceiling_pick_cube.png").exists() and (tmp_path / "ceiling_pick_cube.md").exists()

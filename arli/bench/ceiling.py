@@ -180,7 +180,10 @@ def markdown(p: dict, cfg: BenchCeilingConfig) -> str:
     e = p["eval"]
     lines = [f"# The residual's ceiling — `{p['env']}`", "",
              f"`arli bench ceiling env={p['env']} 'delay_steps={list(cfg.delay_steps)}' 'scales={list(cfg.scales)}' "
+             + ("'grip_authority=[" + ", ".join(str(g).lower() for g in cfg.grip_authority) + "]' "
+                if list(cfg.grip_authority) != [False, True] else "")
              + (f"'noise_std={list(cfg.noise_std)}' " if cfg.noise_std else "")
+             + (f"anchor_episodes={cfg.anchor_episodes} " if cfg.anchor_episodes != 20 else "")
              + f"run.test_episodes={e['episodes']}` — base `{p['checkpoint']}`; {e['episodes']} test episodes "
              f"(seeds {e['seed_base']}..), the same for every cell; 95% bootstrap intervals.", "",
              "The projected expert `r = clip((expert(o_t) - b_t) / scale, -1, 1)` acts through the learner's "
