@@ -334,8 +334,6 @@ class Finetuner:
     # -- checkpoints ---------------------------------------------------------------------
     def save(self, path: str) -> None:
         """Everything needed to resume identically (+ the actor alone as safetensors)."""
-        from safetensors.torch import save_file  # noqa: PLC0415
-
         os.makedirs(path, exist_ok=True)
         ctl = self.controller
         state_path = os.path.join(path, "trainer_state.pt")
@@ -351,12 +349,19 @@ class Finetuner:
             "start_record": self.start_record,
             "unstable_episodes": self.unstable_episodes,
         }, state_path + ".tmp")
-        save_file({k: v.detach().cpu().contiguous() for k, v in self.learner.actor.state_dict().items()},
-                  os.path.join(path, "residual_actor.safetensors.tmp"))
         # atomic: a crash mid-save leaves the previous checkpoint whole
         os.replace(state_path + ".tmp", state_path)
-        os.replace(os.path.join(path, "residual_actor.safetensors.tmp"),
-                   os.path.join(path, "residual_actor.safetensors"))
+        self.save_actor(path)
+
+    def save_actor(self, path: str) -> None:
+        """The acting residual alone, ``<path>/residual_actor.safetensors`` (atomic): the trained
+        actor, or after the end guard dropped it, the deployed start (``trainer_state.pt`` keeps
+        the training state either way)."""
+        from safetensors.torch import save_file  # noqa: PLC0415
+
+        tmp = os.path.join(path, "residual_actor.safetensors.tmp")
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.learner.actor.state_dict().items()}, tmp)
+        os.replace(tmp, os.path.join(path, "residual_actor.safetensors"))
 
     def load(self, path: str) -> None:
         state_path = os.path.join(path, "trainer_state.pt")

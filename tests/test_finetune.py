@@ -374,6 +374,44 @@ def test_the_end_guard_drops_a_trained_residual_below_its_start(monkeypatch, tra
         assert torch.equal(ft.learner.actor_target.state_dict()[k], deployed[k]) or not reverted
 
 
+def test_a_run_whose_end_guard_drops_the_trained_residual(tmp_path, monkeypatch):
+    """The entry point with the guard forced to drop what RL trained: the final outcomes are the
+    start's, the trained ones are kept, the checkpoint stays the training state (its actor the
+    trained one: resuming and the tuning benches see what RL trained), residual_actor.safetensors
+    is the deployed start, and `arli eval` evaluates the deployed start."""
+    from safetensors.torch import load_file
+
+    from arli.cli import main
+
+    real = Finetuner.guard_end
+
+    def dropping(self):
+        out = real(self)
+        self.learner.revert_to_start()
+        return {**out, "reverted": True}
+
+    monkeypatch.setattr(Finetuner, "guard_end", dropping)
+    out = tmp_path / "run"
+    assert main(["finetune", "env=pick_cube", "checkpoint=expert", "delay_steps=4", "run.env_steps=300",
+                 "run.eval_every=300", "run.eval_episodes=2", "run.test_episodes=3", "run.anchor_episodes=2",
+                 "run.learn_after=100", "run.learner.hidden=32", "run.learner.critic_hidden=32",
+                 "run.learner.critic_warmup_updates=20", "run.learner.pretrain_updates=30", "videos=0",
+                 f"output_dir={out}"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    report = json.loads((out / "eval_test.json").read_text())
+    assert summary["end_guard"]["reverted"] and summary["deployed_actor"] == "actor_start"
+    assert report["outcomes"]["final"] == report["outcomes"]["start"] and len(report["outcomes"]["trained"]) == 3
+    assert summary["trained_success"] == sum(report["outcomes"]["trained"]) / 3
+    state = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=False)["trainer"]["learner"]
+    trained, start = state["actor"], state["actor_start"]
+    assert any(not torch.equal(trained[k], start[k]) for k in trained)  # RL moved it; the state keeps it
+    deployed = load_file(str(out / "checkpoint" / "residual_actor.safetensors"))
+    assert all(torch.equal(deployed[k], start[k]) for k in start)
+    assert main(["eval", f"run={out}", "episodes=3"]) == 0
+    again = json.loads((out / "eval_5000000_3.json").read_text())
+    assert again["outcomes"]["final"] == report["outcomes"]["final"]
+
+
 def test_the_end_guard_reads_the_curve_where_it_has_both_points(monkeypatch):
     """The curve's first point (the start, at 0 online steps) and its last (at this step) are
     the guard's numbers: no evaluation is run again."""

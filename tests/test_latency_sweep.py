@@ -476,6 +476,22 @@ def test_a_start_the_guard_replaced_by_the_base_is_named_in_the_cell():
     assert "(= the base's outcomes on seeds [0])" in md
 
 
+def test_seeds_where_the_end_guard_deployed_the_start_are_named_in_the_cell():
+    from arli.bench.latency_sweep import aggregate, markdown
+
+    cfg = _cfg("delay_steps=[4]", "variants=[base_naive,arli]")
+    rows = _rows({("base_naive", 4): 30, ("arli", 4): (60, 30)})
+    for r in rows:
+        if r["variant"] == "arli":
+            r["end_guard"] = {"split": "tune", "episodes": 30, "start": 0.9, "trained": 0.8 + 0.2 * r["seed"],
+                              "reverted": r["seed"] == 0}
+    (cell,) = [c for c in aggregate(rows, cfg) if c["variant"] == "arli"]
+    assert cell["start_deployed_seeds"] == [0]
+    md = markdown({"cells": [cell], "ceiling": [], "eval": {"episodes": 100, "seed_base": 5_000_000},
+                   "command": "arli bench latency-sweep", "checkpoint_digest": "x", "verdicts": [], "machine": {}}, cfg)
+    assert "(end guard: the start deployed on seeds [0])" in md
+
+
 def test_a_file_edited_while_a_worker_runs_makes_its_rows_stale(monkeypatch):
     """A module first imported during a cell was read from disk then: if its file differs from
     what it was when the worker started, which version ran is unknown, so the row must not be

@@ -154,8 +154,8 @@ def run_cell(cfg_dict: dict, variant: str, delay: int, seed: int | None) -> dict
         final = ft.evaluate(episodes, seed=test_seed)
     guard = ft.guard_end() if spec.end_guard and variant != "anchor_only" else None
     trained = final
-    if guard and guard["reverted"]:  # the start is deployed: its outcomes are the final ones
-        final = ft.evaluate(episodes, seed=test_seed)
+    if guard and guard["reverted"]:  # the start is deployed: its weights on the same seeds, its outcomes
+        final = start
     reached = next((h["env_steps"] for h in ft.history if h["success"] >= 0.8), None)
     return {**cell, "success": final["success"], "outcomes": [int(x) for x in final["outcomes"]],
             "start_success": start["success"], "start_outcomes": [int(x) for x in start["outcomes"]],
@@ -333,6 +333,9 @@ def aggregate(rows: list[dict], cfg: LatencySweepConfig) -> list[dict]:
                             start_outcomes_by_seed={str(r["seed"]): _bits(r["start_outcomes"]) for r in group},
                             start_is_base_seeds=[r["seed"] for r in group
                                                  if base_rows.get(d) == list(r["start_outcomes"])],
+                            # the end guard dropped the trained residual there: the final is the start
+                            start_deployed_seeds=[r["seed"] for r in group
+                                                  if (r.get("end_guard") or {}).get("reverted")],
                             _start_outcomes={r["seed"]: r["start_outcomes"] for r in group})
             out.append(cell)
     return out
@@ -706,6 +709,8 @@ def markdown(p: dict, cfg: LatencySweepConfig) -> str:
         if c.get("start_is_base_seeds"):
             start += f" (= the base's outcomes on seeds {c['start_is_base_seeds']})"
         gain = "—" if c["gain_ci95"] is None else f"{c['gain_mean']:+.3f}{_ci(c['gain_ci95'], True)}"
+        if c.get("start_deployed_seeds"):
+            gain += f" (end guard: the start deployed on seeds {c['start_deployed_seeds']})"
         reached = "not reached" if c["steps_to_80"] is None else c["steps_to_80"]
         rows.append(f"| {c['variant']} | {c['delay_steps']} | {c['seeds']}{partial} | "
                     f"{c['success_mean']:.3f}{_ci(c['ci95'])} | {start} | {gain} | {reached} |")
@@ -728,7 +733,9 @@ def markdown(p: dict, cfg: LatencySweepConfig) -> str:
         "pretraining, before any online step (\"= the base's outcomes\": on those seeds the start's test "
         "outcomes are the base's on every episode, as when the start guard drops an anchored start below the "
         "base on the tune episodes and RL starts from the base; inferred from the outcomes); gain: "
-        "final - start, paired on the same seeds and episodes. "
+        "final - start, paired on the same seeds and episodes (\"end guard\": on those seeds the trained "
+        "residual was below its start on the tune curve and the start was deployed, `run.end_guard`; the "
+        "trained one's test outcomes are in the cells' rows, `trained_outcomes`). "
         "`bc_control`: the same learner with the critic's influence off (BC on the anchor rows, fading with "
         "the learner's anchor weight, after which the actor stops moving); `uniform_control`: AWR with every "
         "row weighted 1, the anchor rows fading as in the learner. Ceiling: `arli bench ceiling`'s projected expert "

@@ -60,7 +60,9 @@ def main(cfg: BenchPipelineConfig) -> int:
     a = json.load(open(os.path.join(inproc, "summary.json"), encoding="utf-8"))
     b = json.load(open(os.path.join(launch, "learner", "summary.json"), encoding="utf-8"))
     n = a["eval"]["episodes"]
-    pa, pb = a["finetuned_success"], b["finetuned_success"]
+    # what RL trained on both sides: the in-process run's end guard may deploy its start instead,
+    # and the learner service has no such end
+    pa, pb = a.get("trained_success", a["finetuned_success"]), b["finetuned_success"]
     se = math.sqrt(max(pa * (1 - pa), 1e-9) / n + max(pb * (1 - pb), 1e-9) / b["eval"]["episodes"])
     within = abs(pa - pb) <= 2 * se
     actors = sorted(glob.glob(os.path.join(launch, "actor*", "stats.json")))

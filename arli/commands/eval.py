@@ -11,6 +11,17 @@ from arli.config import EvalConfig
 from arli.runs import load_run_config, split_of
 
 
+def deployed_actor(run_dir: str) -> str:
+    """Which of the checkpoint's actors the run deployed: "actor" (what RL trained) or
+    "actor_start" (its end guard dropped the trained one); "actor" for runs without a summary
+    or made before the guard."""
+    path = os.path.join(run_dir, "summary.json")
+    if not os.path.exists(path):
+        return "actor"
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh).get("deployed_actor", "actor")
+
+
 def main(cfg: EvalConfig) -> int:
     from arli.commands.finetune import run_videos, test_report  # noqa: PLC0415
     from arli.runs import make_finetuner  # noqa: PLC0415
@@ -18,6 +29,9 @@ def main(cfg: EvalConfig) -> int:
     run_cfg = load_run_config(cfg.run)
     ft, name, delay = make_finetuner(run_cfg)
     ft.load(os.path.join(cfg.run, "checkpoint"))
+    if deployed_actor(cfg.run) == "actor_start":  # the end guard dropped the trained residual
+        ft.learner.revert_to_start()
+        print("the run's end guard deployed its start: evaluating that residual (the checkpoint's actor_start)")
     spec = run_cfg.run
     seed_base = spec.test_seed if cfg.seed_base is None else cfg.seed_base
     episodes = spec.test_episodes if cfg.episodes is None else cfg.episodes

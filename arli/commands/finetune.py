@@ -163,13 +163,20 @@ def main(cfg: FinetuneConfig) -> int:
         print(f"arli finetune: stopped: {exc}", file=sys.stderr)
         return LearnerDiverged.exit_code
     train_s = time.time() - train_start
+    # the training state, the trained actor in it: resuming continues it, and the tuning and
+    # critic benches judge what this setting trained; the summary names what is deployed
+    # (``deployed_actor``: `arli eval` rebuilds the start from the checkpoint's actor_start), as
+    # does residual_actor.safetensors
+    ft.save(os.path.join(run_dir, "checkpoint"))
     trained = final = ft.evaluate_test()
     end_guard = ft.guard_end() if spec.end_guard else None
     if end_guard and end_guard["reverted"]:
         print(f"end guard ({end_guard['episodes']} tune episodes): trained {end_guard['trained']:.2f} < start "
               f"{end_guard['start']:.2f} -> the trained residual is dropped, the start deployed")
-        final = ft.evaluate_test()
-    ft.save(os.path.join(run_dir, "checkpoint"))  # what is deployed
+        ft.save_actor(os.path.join(run_dir, "checkpoint"))  # the deployed residual alone
+        same_seeds = anchor_eval is not None and len(anchor_eval["outcomes"]) == spec.test_episodes
+        # the start's weights on the same seeds: its outcomes again (evaluation is seeded per episode)
+        final = anchor_eval if same_seeds else ft.evaluate_test()
     writer.add_scalar("eval/final_success", final["success"], ft.env_steps)
     writer.flush()
     outcomes = {"base": base_eval["outcomes"], "final": final["outcomes"], "trained": trained["outcomes"]}
@@ -186,6 +193,7 @@ def main(cfg: FinetuneConfig) -> int:
         "env": name, "variant": spec.variant, "regime": spec.regime, "strategy": cfg.chunking.strategy,
         "delay_steps": delay, "anchor_only_success": start_success,
         "start_guard": ft.start_record.get("start_guard"), "end_guard": end_guard,
+        "deployed_actor": "actor_start" if end_guard and end_guard["reverted"] else "actor",
         "trained_success": trained["success"],
         "env_steps": ft.env_steps, "updates": ft.learner.updates,
         # anchor replay = anchor episodes + online intervention steps
@@ -238,6 +246,8 @@ def main(cfg: FinetuneConfig) -> int:
         print(f"| base + {spec.variant} residual after RL ({ft.env_steps} env steps{by_intervener}) "
               f"| {final['success']:.2f} | {ci['final'][0]:.2f}–{ci['final'][1]:.2f} |")
     for key, gain in report["gains"].items():
+        if key == "trained-start" and not (end_guard and end_guard["reverted"]):
+            continue  # the same residual as final-start
         print(f"gain {key}: {gain['mean']:+.3f}, 95% CI [{gain['ci95'][0]:+.3f}, {gain['ci95'][1]:+.3f}] "
               f"({gain['verdict']} 0)")
     if curve_start is not None:

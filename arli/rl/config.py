@@ -100,7 +100,9 @@ class LearnerConfig:
     # hand's target, so white noise on them walks the target away (std ~ sigma sqrt(t)), which is
     # what breaks the insertion; the running sum of differenced noise is sigma xi_t / sqrt(2),
     # bounded, so a larger per-step noise shows the critic an action's effect without drifting
-    # the hand (reports/learner_tuning.md has what it did)
+    # the hand (reports/learner_tuning.md has what it did). Its conditional mean is not 0 either:
+    # the state shows the running sum, and E[e_t | s_t] = -(that sum) / sqrt(2), a pull back that
+    # a regression onto online actions (AWR) can learn
     exploration_differenced: bool = False
     # BC only on anchor rows whose action the critic values above the actor's (Q-filter,
     # Nair et al. 2018): the anchor pulls where it is better, the critic decides elsewhere
