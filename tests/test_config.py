@@ -65,6 +65,8 @@ def test_defaults_and_overrides():
     ("record", "episodes=0", "episodes"),
     ("finetune", "run.intervention.judged_dims=-1", "run.intervention.judged_dims"),
     ("finetune", "run.learner.exploration_corr=1.0", "run.learner.exploration_corr"),  # rho 1: a constant
+    ("bench_ceiling", "noise_std=[-0.1]", "noise_std"),
+    ("bench_ceiling", "noise=[pink]", "noise"),
 ])
 def test_bad_values_name_the_field(command, override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
