@@ -9,15 +9,41 @@ from arli.bench.runs import main
 from arli.config import ConfigError
 
 
-def _run(path, seed_base, final, start, base, variant="arli", trained=None, guard=None):
+def _run(path, seed_base, final, start, base, variant="arli", trained=None, guard=None, history=None):
     path.mkdir()
     split = {"split": "test", "seed_base": seed_base, "episodes": len(final)}
     outcomes = {"base": base, "start": start, "final": final, **({"trained": trained} if trained else {})}
     (path / "eval_test.json").write_text(json.dumps({"split": split, "outcomes": outcomes}))
     (path / "summary.json").write_text(json.dumps({"env": "peg_insert", "variant": variant, "regime": "rl",
                                                    "delay_steps": 8, "env_steps": 100, "wall_s": 1.0,
-                                                   "end_guard": guard}))
+                                                   "end_guard": guard, "history": history or [],
+                                                   "curve_eval": {"split": "tune", "seed_base": 10000,
+                                                                  "episodes": 30}}))
     return str(path)
+
+
+def test_the_tune_curves_are_read_at_each_quarter_of_the_budget(tmp_path):
+    """The learning curves (tune episodes) at the budget's quarters: the evaluated point nearest
+    each mark per run, the mean over runs, and the plot; none for runs that saved no curve."""
+    def history(points):
+        return [{"env_steps": s, "success": v} for s, v in points]
+
+    a = _run(tmp_path / "a", 5, [1, 1], [1, 0], [0, 0],
+             history=history([(0, 0.5), (1010, 0.6), (2020, 0.7), (3030, 0.8), (4040, 0.9)]))
+    b = _run(tmp_path / "b", 5, [1, 0], [1, 0], [0, 0],
+             history=history([(0, 0.4), (990, 0.4), (2005, 0.5), (2990, 0.6), (4001, 0.7), (4990, 0.2)]))
+    assert main(compose("bench_runs", [f"runs=[{a},{b}]", "name=curves", f"report_dir={tmp_path}"])) == 0
+    marks = json.loads((tmp_path / "curves.json").read_text())["curve_at_budget"]
+    # quarters of the shorter run (4040 steps); b's last point (4990) is past the 100% mark
+    assert [m["mark"] for m in marks] == [1010, 2020, 3030, 4040]
+    assert marks[1]["env_steps"] == [2020, 2005] and marks[1]["per_seed"] == [0.7, 0.5]
+    assert marks[3]["env_steps"] == [4040, 4001] and marks[3]["mean"] == pytest.approx(0.8)
+    assert (tmp_path / "curves.png").stat().st_size > 0 and "![learning curves](curves.png)" in \
+        (tmp_path / "curves.md").read_text()
+    c = _run(tmp_path / "c", 5, [1, 0], [1, 0], [0, 0])
+    assert main(compose("bench_runs", [f"runs=[{a},{c}]", "name=nocurve", f"report_dir={tmp_path}"])) == 0
+    assert json.loads((tmp_path / "nocurve.json").read_text())["curve_at_budget"] == []
+    assert not (tmp_path / "nocurve.png").exists()
 
 
 def test_the_trained_residual_is_pooled_next_to_the_deployed_one(tmp_path):

@@ -1,7 +1,8 @@
 """``arli bench runs 'runs=[<dir>, ...]' name=<report>``: finetune runs of one setting on several
 training seeds, pooled on their shared test episodes: the base alone, the anchored start and
 the finetuned residual with 95% two-level bootstrap intervals (training seeds x episodes) and
-the paired gains with verdicts -> ``reports/<name>.{json,md}``.
+the paired gains with verdicts -> ``reports/<name>.{json,md}``; with the runs' learning curves
+(tune episodes) ``reports/<name>.png`` and the curve's mean at each quarter of the budget.
 
 ``'reference=[<dir>, ...]'``: runs of another setting (the control), one per run in the same
 order of training seeds, on the same test episodes: the start and the final of the setting
@@ -14,7 +15,7 @@ import os
 
 import numpy as np
 
-from arli.bench.common import machine_info, print_last_line_json, write_report
+from arli.bench.common import machine_info, print_last_line_json, success_plot, write_report
 from arli.config import BenchRunsConfig, ConfigError
 from arli.stats import gain_ci, success_ci, verdict
 
@@ -59,6 +60,51 @@ def demonstrations(run_dir: str) -> str | None:
     the key existed ran with the expert's own; None for a run without config.yaml)."""
     run = saved_run(run_dir)
     return None if run is None else str(run.get("demonstrations", "expert"))
+
+
+def curves(summaries: tuple) -> list[np.ndarray] | None:
+    """Each run's learning curve on its tune episodes, ``(points, 2)`` = (env steps, success);
+    None when a run saved no curve."""
+    out = []
+    for s in summaries:
+        history = s.get("history") or []
+        if not history:
+            return None
+        out.append(np.array([(h["env_steps"], h["success"]) for h in history], float))
+    return out
+
+
+def budget_marks(runs_curves: list[np.ndarray]) -> list[dict]:
+    """The tune curve at each quarter of the shortest run's budget: per run the evaluated point
+    nearest the mark, and their mean. Each point is one evaluation on the tune episodes."""
+    last = min(float(c[-1, 0]) for c in runs_curves)
+    marks = []
+    for q in (0.25, 0.5, 0.75, 1.0):
+        mark = q * last
+        per_run = [c[int(np.argmin(np.abs(c[:, 0] - mark)))] for c in runs_curves]
+        marks.append({"mark": int(round(mark)), "env_steps": [int(p[0]) for p in per_run],
+                      "per_seed": [float(p[1]) for p in per_run], "mean": float(np.mean([p[1] for p in per_run]))})
+    return marks
+
+
+def plot(path: str, name: str, runs: list[str], runs_curves: list[np.ndarray], cells: dict, split: dict,
+         curve_eval: dict | None) -> None:
+    """Each run's tune curve, their mean on the first run's grid, and the pooled test numbers of
+    the start (at 0) and the deployed final (at the end) with their 95% intervals."""
+    episodes = f"{curve_eval['episodes']} " if curve_eval else ""
+    end = max(float(c[-1, 0]) for c in runs_curves)
+    with success_plot(path, f"{name}: learning curves ({episodes}tune episodes per point)",
+                      "online env steps", legend_size=7) as ax:
+        for d, c in zip(runs, runs_curves):
+            ax.plot(c[:, 0], c[:, 1], lw=0.8, alpha=0.55, label=_seed_label(d))
+        grid = runs_curves[0][:, 0]
+        ax.plot(grid, np.mean([np.interp(grid, c[:, 0], c[:, 1]) for c in runs_curves], 0), color="black",
+                lw=2, label="mean over seeds")
+        for p, x, color in (("start", 0.0, "tab:gray"), ("final", end, "tab:red")):
+            c = cells[p]
+            ax.errorbar([x], [c["success"]], yerr=[[c["success"] - c["ci95"][0]], [c["ci95"][1] - c["success"]]],
+                        fmt="s", color=color, capsize=4,
+                        label=f"{'anchored start' if p == 'start' else 'after RL'} ({split['episodes']} test eps)")
 
 
 def paired_reference(cfg: BenchRunsConfig, evals: tuple, summaries: tuple) -> dict:
@@ -120,10 +166,13 @@ def main(cfg: BenchRunsConfig) -> int:
                              "verdict": verdict(ci)}
     reference = paired_reference(cfg, evals, summaries)
     s0 = summaries[0]
+    runs_curves = curves(summaries)
+    marks = budget_marks(runs_curves) if runs_curves else []
     payload = {**{k: s0[k] for k in keys}, "env_steps": [s["env_steps"] for s in summaries],
                "eval": evals[0]["split"], "runs": list(cfg.runs), "seeds": len(cfg.runs), "cells": cells,
                "demonstrations": demo, "gains": gains, "reference_runs": list(cfg.reference), "reference": reference,
-               "end_guard": [s.get("end_guard") for s in summaries],
+               "end_guard": [s.get("end_guard") for s in summaries], "curve_eval": s0.get("curve_eval"),
+               "curve_at_budget": marks,
                "wall_s": [s["wall_s"] for s in summaries], "machine": machine_info()}
     md = [f"# {cfg.name}: `{s0['variant']}` on `{s0['env']}`, d = {s0['delay_steps']}, {len(cfg.runs)} training seeds",
           "", f"`arli bench runs 'runs=[{', '.join(cfg.runs)}]' "
@@ -157,6 +206,16 @@ def main(cfg: BenchRunsConfig) -> int:
         for k, g in reference.items():
             md.append(f"| {k} | {g['reference']:.3f} ({' / '.join(f'{x:.3f}' for x in g['reference_per_seed'])}) | "
                       f"{g['mean']:+.3f} | {g['ci95'][0]:+.3f} – {g['ci95'][1]:+.3f} | {g['verdict']} |")
+    if marks:
+        md += ["", f"Learning curve on the tune episodes ({(s0.get('curve_eval') or {}).get('episodes', '?')} per "
+               "point; the point nearest each quarter of the budget; for reading the budget, not for reporting):",
+               "", "| env steps | mean | per seed |", "|---:|---:|---|"]
+        for m in marks:
+            md.append(f"| {m['mark']} | {m['mean']:.3f} | {' / '.join(f'{x:.2f}' for x in m['per_seed'])} |")
+        os.makedirs(cfg.report_dir, exist_ok=True)
+        plot(os.path.join(cfg.report_dir, f"{cfg.name}.png"), cfg.name, list(cfg.runs), runs_curves, cells,
+             evals[0]["split"], s0.get("curve_eval"))
+        md += ["", f"![learning curves]({cfg.name}.png)"]
     write_report(cfg.report_dir, cfg.name, payload, "\n".join(md) + "\n")
     print("\n".join(md))
     print_last_line_json({"cells": cells, "gains": gains, "reference": reference})
