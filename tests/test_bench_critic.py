@@ -84,3 +84,25 @@ def test_a_run_that_fails_in_a_worker_is_named(monkeypatch):
     monkeypatch.setattr(critic, "judge_run", fake_judge)
     with pytest.raises(RuntimeError, match="judging broken failed: FileNotFoundError"):
         critic.judge_runs(BenchCriticConfig(runs=["a", "broken"], workers=2), sources=2)
+
+
+def test_the_report_names_the_command_that_wrote_it(monkeypatch, tmp_path):
+    """The report's first line is the command with the runs and every setting that shaped it, so
+    a reader can rerun it."""
+    import arli.bench.critic as critic
+    from arli.config import BenchCriticConfig
+
+    overall = {"states": 1, "states_with_ranked_pairs": 1, "pairs": 1, "pairwise_accuracy": 0.75,
+               "pairwise_accuracy_ci95": [0.5, 1.0], "spearman": 0.5, "top1": 1.0, "q_mean": 0.4, "mc_mean": 0.5}
+    settings = {"critic_heads": 4, "critic_hidden": 128, "utd": 1, "critic_warmup_updates": 2000, "gamma": 0.99,
+                "n_step": 3, "exploration_std": 0.1}
+    fake = [{"run": r, "env": "peg_insert", "variant": "arli", "delay_steps": 8, "env_steps": 10, "states": [],
+             "overall": overall, "settings": settings, "by_source": {"policy": overall}, "by_phase": {},
+             "by_candidate": {"residual": {"mc_mean": 0.5, "q_mean": 0.4}}} for r in ("runs/a", "runs/b")]
+    monkeypatch.setattr(critic, "judge_runs", lambda cfg, sources: fake)
+    cfg = BenchCriticConfig(runs=["runs/a", "runs/b"], states=40, episodes=20, name="c", report_dir=str(tmp_path))
+    assert critic.main(cfg) == 0
+    md = (tmp_path / "c.md").read_text()
+    assert ("`arli bench critic 'runs=[runs/a, runs/b]' states=40 episodes=20 every=10 perturbations=4 "
+            "perturb_scale=0.5 seed=0`") in md
+    assert "| `runs/a` (arli, d=8, 10 steps) | 4 × 128 |" in md and "0.75 [0.50, 1.00]" in md

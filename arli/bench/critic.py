@@ -276,7 +276,9 @@ def main(cfg: BenchCriticConfig) -> int:
         ax.set_ylabel("critic Q(s, a) (mean of heads)")
         ax.legend(fontsize=7)
     md = ["# Critic diagnostics: does the critic rank actions?", "",
-          f"`arli bench critic 'runs=[...]'` — from states the run's residual visits and states the scripted "
+          f"`arli bench critic 'runs=[{', '.join(cfg.runs)}]' states={cfg.states} episodes={cfg.episodes} "
+          f"every={cfg.every} perturbations={cfg.perturbations} perturb_scale={cfg.perturb_scale}"
+          + (f" seed_base={cfg.seed_base}" if cfg.seed_base is not None else "") + f" seed={cfg.seed}` — from states the run's residual visits and states the scripted "
           f"expert visits (a state every {cfg.every} steps of {cfg.episodes} roll-in episodes per source, at most "
           f"{cfg.states} per source), each candidate (the residual r(s), the base, the expert projected into the "
           f"bound, {cfg.perturbations} moves of r(s) of {cfg.perturb_scale} residual units) runs one step from a "
