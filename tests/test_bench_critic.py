@@ -104,5 +104,5 @@ def test_the_report_names_the_command_that_wrote_it(monkeypatch, tmp_path):
     assert critic.main(cfg) == 0
     md = (tmp_path / "c.md").read_text()
     assert ("`arli bench critic 'runs=[runs/a, runs/b]' states=40 episodes=20 every=10 perturbations=4 "
-            "perturb_scale=0.5 seed=0`") in md
+            f"perturb_scale=0.5 seed=0 name=c report_dir={tmp_path}`") in md
     assert "| `runs/a` (arli, d=8, 10 steps) | 4 × 128 |" in md and "0.75 [0.50, 1.00]" in md

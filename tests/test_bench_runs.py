@@ -40,6 +40,7 @@ def test_the_tune_curves_are_read_at_each_quarter_of_the_budget(tmp_path):
     assert marks[3]["env_steps"] == [4040, 4001] and marks[3]["mean"] == pytest.approx(0.8)
     assert (tmp_path / "curves.png").stat().st_size > 0 and "![learning curves](curves.png)" in \
         (tmp_path / "curves.md").read_text()
+    assert "| 2020 | 0.600 | 0.70 (2020) / 0.50 (2005) |" in (tmp_path / "curves.md").read_text()
     c = _run(tmp_path / "c", 5, [1, 0], [1, 0], [0, 0])
     assert main(compose("bench_runs", [f"runs=[{a},{c}]", "name=nocurve", f"report_dir={tmp_path}"])) == 0
     assert json.loads((tmp_path / "nocurve.json").read_text())["curve_at_budget"] == []
@@ -125,3 +126,18 @@ def test_runs_of_different_demonstrators_are_not_pooled(tmp_path):
     (tmp_path / "b" / "config.yaml").write_text("run:\n  seed: 11\n  demonstrations: bounded\n")
     assert main(compose("bench_runs", [f"runs=[{','.join(runs)}]", "name=ok", f"report_dir={tmp_path}"])) == 0
     assert json.loads((tmp_path / "ok.json").read_text())["demonstrations"] == "bounded"
+
+
+def test_runs_of_different_budgets_or_curve_episodes_are_refused(tmp_path):
+    a = _run(tmp_path / "a", 5, [1, 1], [1, 0], [0, 0])
+    b = _run(tmp_path / "b", 5, [1, 0], [1, 0], [0, 0])
+    (tmp_path / "a" / "config.yaml").write_text("run:\n  seed: 10\n  env_steps: 50000\n")
+    (tmp_path / "b" / "config.yaml").write_text("run:\n  seed: 11\n  env_steps: 200000\n")
+    with pytest.raises(ConfigError, match="different budgets.*50000.*200000"):
+        main(compose("bench_runs", [f"runs=[{a},{b}]", f"report_dir={tmp_path}"]))
+    (tmp_path / "b" / "config.yaml").write_text("run:\n  seed: 11\n  env_steps: 50000\n")
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    summary["curve_eval"] = {"split": "tune", "seed_base": 10000, "episodes": 100}
+    (tmp_path / "b" / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ConfigError, match="different tune episodes"):
+        main(compose("bench_runs", [f"runs=[{a},{b}]", f"report_dir={tmp_path}"]))

@@ -278,10 +278,12 @@ def main(cfg: BenchCriticConfig) -> int:
     md = ["# Critic diagnostics: does the critic rank actions?", "",
           f"`arli bench critic 'runs=[{', '.join(cfg.runs)}]' states={cfg.states} episodes={cfg.episodes} "
           f"every={cfg.every} perturbations={cfg.perturbations} perturb_scale={cfg.perturb_scale}"
-          + (f" seed_base={cfg.seed_base}" if cfg.seed_base is not None else "") + f" seed={cfg.seed}` — from states the run's residual visits and states the scripted "
+          + (f" seed_base={cfg.seed_base}" if cfg.seed_base is not None else "") + f" seed={cfg.seed} name={name}"
+          + (f" report_dir={cfg.report_dir}" if cfg.report_dir != "reports" else "")
+          + "` — from states the run's residual visits and states the scripted "
           f"expert visits (a state every {cfg.every} steps of {cfg.episodes} roll-in episodes per source, at most "
-          f"{cfg.states} per source), each candidate (the residual r(s), the base, the expert projected into the "
-          f"bound, {cfg.perturbations} moves of r(s) of {cfg.perturb_scale} residual units) runs one step from a "
+          f"{cfg.states} per source), each candidate (the residual r(s), r(s) with one draw of the run's exploration "
+          f"noise, the base, the expert projected into the bound, {cfg.perturbations} moves of r(s) of {cfg.perturb_scale} residual units) runs one step from a "
           "copy of the whole sim episode, then the run's residual continues: the discounted return is a "
           "Monte-Carlo Q. Pairwise accuracy counts pairs of candidates whose returns differ (chance: 0.5).", "",
           "| run | heads × width | UTD | warm-up | γ | n | exploration | states (ranked) | pairwise acc. [95% CI] | "

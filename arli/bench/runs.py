@@ -97,7 +97,9 @@ def plot(path: str, name: str, runs: list[str], runs_curves: list[np.ndarray], c
                       "online env steps", legend_size=7) as ax:
         for d, c in zip(runs, runs_curves):
             ax.plot(c[:, 0], c[:, 1], lw=0.8, alpha=0.55, label=_seed_label(d))
+        # the mean only where every run has a curve: past a run's end np.interp would repeat its last point
         grid = runs_curves[0][:, 0]
+        grid = grid[grid <= min(float(c[-1, 0]) for c in runs_curves)]
         ax.plot(grid, np.mean([np.interp(grid, c[:, 0], c[:, 1]) for c in runs_curves], 0), color="black",
                 lw=2, label="mean over seeds")
         for p, x, color in (("start", 0.0, "tab:gray"), ("final", end, "tab:red")):
@@ -152,6 +154,15 @@ def main(cfg: BenchRunsConfig) -> int:
     settings = {json.dumps({k: s[k] for k in keys}) for s in summaries}
     if len(settings) != 1:
         raise ConfigError(f"runs: the runs differ in {keys}: {sorted(settings)}")
+    budgets = {d: saved_run(d) for d in cfg.runs}
+    budgets = {d: None if r is None or r.get("env_steps") is None else int(r.env_steps) for d, r in budgets.items()}
+    if len({b for b in budgets.values() if b is not None}) > 1:
+        raise ConfigError(f"runs: the runs have different budgets (run.env_steps: "
+                          f"{', '.join(f'{d}: {b}' for d, b in budgets.items())}); pool runs of one setting")
+    curve_splits = {json.dumps(s.get("curve_eval"), sort_keys=True) for s in summaries}
+    if len(curve_splits) != 1:
+        raise ConfigError(f"runs: their learning curves ran on different tune episodes ({sorted(curve_splits)}); "
+                          "pool runs of one setting")
     # the residual RL trained, where the end guard may have deployed the start instead (runs
     # made before the guard existed have no such outcomes: their final is what RL trained)
     policies = POLICIES + (("trained",) if all("trained" in e["outcomes"] for e in evals) else ())
@@ -209,9 +220,10 @@ def main(cfg: BenchRunsConfig) -> int:
     if marks:
         md += ["", f"Learning curve on the tune episodes ({(s0.get('curve_eval') or {}).get('episodes', '?')} per "
                "point; the point nearest each quarter of the budget; for reading the budget, not for reporting):",
-               "", "| env steps | mean | per seed |", "|---:|---:|---|"]
+               "", "| env steps | mean | per seed (its point's env steps) |", "|---:|---:|---|"]
         for m in marks:
-            md.append(f"| {m['mark']} | {m['mean']:.3f} | {' / '.join(f'{x:.2f}' for x in m['per_seed'])} |")
+            md.append(f"| {m['mark']} | {m['mean']:.3f} | "
+                      f"{' / '.join(f'{x:.2f} ({n})' for x, n in zip(m['per_seed'], m['env_steps']))} |")
         os.makedirs(cfg.report_dir, exist_ok=True)
         plot(os.path.join(cfg.report_dir, f"{cfg.name}.png"), cfg.name, list(cfg.runs), runs_curves, cells,
              evals[0]["split"], s0.get("curve_eval"))
