@@ -45,6 +45,9 @@ def test_the_tune_curves_are_read_at_each_quarter_of_the_budget(tmp_path):
     assert main(compose("bench_runs", [f"runs=[{a},{c}]", "name=nocurve", f"report_dir={tmp_path}"])) == 0
     assert json.loads((tmp_path / "nocurve.json").read_text())["curve_at_budget"] == []
     assert not (tmp_path / "nocurve.png").exists()
+    # re-pooling under a name whose earlier report had curves drops that report's plot
+    assert main(compose("bench_runs", [f"runs=[{a},{c}]", "name=curves", f"report_dir={tmp_path}"])) == 0
+    assert not (tmp_path / "curves.png").exists() and "![learning curves]" not in (tmp_path / "curves.md").read_text()
 
 
 def test_the_trained_residual_is_pooled_next_to_the_deployed_one(tmp_path):
@@ -141,3 +144,24 @@ def test_runs_of_different_budgets_or_curve_episodes_are_refused(tmp_path):
     (tmp_path / "b" / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(ConfigError, match="different tune episodes"):
         main(compose("bench_runs", [f"runs=[{a},{b}]", f"report_dir={tmp_path}"]))
+
+
+def test_runs_on_different_bases_are_neither_pooled_nor_paired(tmp_path):
+    """Each run records its base's digest; pooling or pairing across two bases is refused by name,
+    and runs saved before the digest existed still pool (reported as not recorded)."""
+    a, b, c = (_run(tmp_path / n, 5, [1, 0], [1, 0], [0, 0]) for n in ("a", "b", "c"))
+    for d, seed, digest in ((a, 10, "86ed350fefad"), (b, 11, "86ed350fefad"), (c, 10, "280b12aa66b9")):
+        (tmp_path / d / "config.yaml").write_text(f"run:\n  seed: {seed}\n")
+        summary = json.loads((tmp_path / d / "summary.json").read_text())
+        (tmp_path / d / "summary.json").write_text(json.dumps({**summary, "base_digest": digest}))
+    assert main(compose("bench_runs", [f"runs=[{a},{b}]", "name=one", f"report_dir={tmp_path}"])) == 0
+    assert json.loads((tmp_path / "one.json").read_text())["base_digest"] == "86ed350fefad"
+    assert "base `86ed350fefad`" in (tmp_path / "one.md").read_text()
+    with pytest.raises(ConfigError, match="^runs: the runs finetuned different bases.*280b12aa66b9"):
+        main(compose("bench_runs", [f"runs=[{b},{c}]", f"report_dir={tmp_path}"]))
+    with pytest.raises(ConfigError, match="^reference: the runs finetuned different bases"):
+        main(compose("bench_runs", [f"runs=[{a}]", f"reference=[{c}]", f"report_dir={tmp_path}"]))
+    old = _run(tmp_path / "old", 5, [1, 1], [1, 0], [0, 0])
+    (tmp_path / "old" / "config.yaml").write_text("run:\n  seed: 11\n")
+    assert main(compose("bench_runs", [f"runs=[{a},{old}]", "name=mixed", f"report_dir={tmp_path}"])) == 0
+    assert "base `86ed350fefad`" in (tmp_path / "mixed.md").read_text()

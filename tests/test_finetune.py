@@ -152,6 +152,7 @@ def test_finetune_entry_point_writes_a_consistent_run(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["regime"] == "rl" and summary["intervened_steps"] == 0
+    assert summary["base_digest"] == "expert"  # the base it finetuned, for pooling and pairing runs
     assert summary["env_steps"] >= 600 and summary["updates"] > 0
     # the final numbers: base, start and finetuned on the same test seeds, per episode, with intervals
     report = json.loads((out / "eval_test.json").read_text())

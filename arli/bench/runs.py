@@ -109,6 +109,16 @@ def plot(path: str, name: str, runs: list[str], runs_curves: list[np.ndarray], c
                         label=f"{'anchored start' if p == 'start' else 'after RL'} ({split['episodes']} test eps)")
 
 
+def base_of(runs, summaries: tuple, field: str) -> str | None:
+    """The base checkpoint's digest the runs share (``summary.json`` ``base_digest``); None where
+    no run recorded one (runs saved before the key existed). Runs on different bases are refused."""
+    digests = {d: s.get("base_digest") for d, s in zip(runs, summaries)}
+    if len({v for v in digests.values() if v is not None}) > 1:
+        raise ConfigError(f"{field}: the runs finetuned different bases (base_digest: "
+                          f"{', '.join(f'{d}: {v}' for d, v in digests.items())}); pool and pair runs of one base")
+    return next((v for v in digests.values() if v is not None), None)
+
+
 def paired_reference(cfg: BenchRunsConfig, evals: tuple, summaries: tuple) -> dict:
     """The setting's start and final against the reference runs' (``cfg.reference``), paired
     by training seed and test episode; {} without a reference."""
@@ -118,6 +128,7 @@ def paired_reference(cfg: BenchRunsConfig, evals: tuple, summaries: tuple) -> di
         raise ConfigError(f"reference: one reference run per run (the same training seeds, in order), got "
                           f"{len(cfg.reference)} for {len(cfg.runs)} runs")
     ref_evals, ref_summaries = zip(*(load(d) for d in cfg.reference))
+    base_of(list(cfg.runs) + list(cfg.reference), summaries + ref_summaries, "reference")
     for run, ref, e, r, s, rs in zip(cfg.runs, cfg.reference, evals, ref_evals, summaries, ref_summaries):
         if json.dumps(e["split"], sort_keys=True) != json.dumps(r["split"], sort_keys=True):
             raise ConfigError(f"reference: {ref} was evaluated on {r['split']}, {run} on {e['split']}; pair runs "
@@ -159,6 +170,7 @@ def main(cfg: BenchRunsConfig) -> int:
     if len({b for b in budgets.values() if b is not None}) > 1:
         raise ConfigError(f"runs: the runs have different budgets (run.env_steps: "
                           f"{', '.join(f'{d}: {b}' for d, b in budgets.items())}); pool runs of one setting")
+    base = base_of(cfg.runs, summaries, "runs")
     curve_splits = {json.dumps(s.get("curve_eval"), sort_keys=True) for s in summaries}
     if len(curve_splits) != 1:
         raise ConfigError(f"runs: their learning curves ran on different tune episodes ({sorted(curve_splits)}); "
@@ -181,7 +193,7 @@ def main(cfg: BenchRunsConfig) -> int:
     marks = budget_marks(runs_curves) if runs_curves else []
     payload = {**{k: s0[k] for k in keys}, "env_steps": [s["env_steps"] for s in summaries],
                "eval": evals[0]["split"], "runs": list(cfg.runs), "seeds": len(cfg.runs), "cells": cells,
-               "demonstrations": demo, "gains": gains, "reference_runs": list(cfg.reference), "reference": reference,
+               "demonstrations": demo, "base_digest": base, "gains": gains, "reference_runs": list(cfg.reference), "reference": reference,
                "end_guard": [s.get("end_guard") for s in summaries], "curve_eval": s0.get("curve_eval"),
                "curve_at_budget": marks,
                "wall_s": [s["wall_s"] for s in summaries], "machine": machine_info()}
@@ -191,7 +203,8 @@ def main(cfg: BenchRunsConfig) -> int:
           + f"name={cfg.name}` — each run's base alone, anchored "
           f"start and finetuned residual on the same {evals[0]['split']['episodes']} test episodes (seeds "
           f"{evals[0]['split']['seed_base']}..); 95% two-level bootstrap over training seeds and episodes; anchor "
-          f"data from `run.demonstrations={demo or 'unknown (no config.yaml)'}`.", "",
+          f"data from `run.demonstrations={demo or 'unknown (no config.yaml)'}`; base "
+          f"{f'`{base}`' if base else 'digest not recorded'}.", "",
           "| policy | success | 95% CI | per seed |", "|---|---:|---:|---|"]
     labels = {"base": "base alone", "start": "anchored start (0 online steps)", "final": "after RL (deployed)",
               "trained": "after RL, as trained (before the end guard)"}
@@ -228,6 +241,8 @@ def main(cfg: BenchRunsConfig) -> int:
         plot(os.path.join(cfg.report_dir, f"{cfg.name}.png"), cfg.name, list(cfg.runs), runs_curves, cells,
              evals[0]["split"], s0.get("curve_eval"))
         md += ["", f"![learning curves]({cfg.name}.png)"]
+    elif os.path.exists(stale := os.path.join(cfg.report_dir, f"{cfg.name}.png")):
+        os.remove(stale)  # an earlier report's curves are not these runs'
     write_report(cfg.report_dir, cfg.name, payload, "\n".join(md) + "\n")
     print("\n".join(md))
     print_last_line_json({"cells": cells, "gains": gains, "reference": reference})

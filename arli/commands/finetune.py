@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from arli.bench.common import success_plot
 from arli.config import FinetuneConfig
+from arli.policies.load import EXPERT, policy_digest
 from arli.runs import make_finetuner
 from sim_envs import make_env
 
@@ -112,6 +113,8 @@ def main(cfg: FinetuneConfig) -> int:
 
     start = time.time()
     ft, name, delay = make_finetuner(cfg)
+    # which base the run finetuned, so runs on different bases are never pooled or paired
+    base_digest = policy_digest(cfg.checkpoint) if cfg.checkpoint == EXPERT or os.path.isdir(cfg.checkpoint) else None
     spec = cfg.run
     run_dir = cfg.output_dir or new_run_dir(os.path.join("outputs", f"finetune_{name}_{spec.variant}_d{delay}"))
     os.makedirs(run_dir, exist_ok=True)
@@ -191,7 +194,7 @@ def main(cfg: FinetuneConfig) -> int:
                start_success, final["success"], ft.env_steps)
     summary = {
         "env": name, "variant": spec.variant, "regime": spec.regime, "strategy": cfg.chunking.strategy,
-        "delay_steps": delay, "anchor_only_success": start_success,
+        "delay_steps": delay, "base_digest": base_digest, "anchor_only_success": start_success,
         "start_guard": ft.start_record.get("start_guard"), "end_guard": end_guard,
         "deployed_actor": "actor_start" if end_guard and end_guard["reverted"] else "actor",
         "trained_success": trained["success"],
