@@ -79,6 +79,16 @@ def test_runs_are_pooled_per_seed_and_paired(tmp_path):
     report = json.loads((tmp_path / "pooled.json").read_text())
     assert report["seeds"] == 2 and report["cells"]["final"]["per_seed"] == [0.75, 0.5]
     assert report["cells"]["final"]["success"] == 0.625 and report["gains"]["final-start"]["mean"] == 0.25
+    assert report["target"] is None
+    # a target is judged by the deployed residual's interval: reached only when its lower end clears it
+    low = [_run(tmp_path / n, 5, f, [0, 0, 0, 0], [0, 0, 0, 0]) for n, f in (("la", [0, 0, 0, 1]), ("lb", [0] * 4))]
+    for runs, target, judged in (([a, b], 0.1, "above"), ([a, b], 0.6, "unresolved"), (low, 0.9, "below")):
+        assert main(compose("bench_runs", [f"runs=[{','.join(runs)}]", "name=t", f"target={target}",
+                                           f"report_dir={tmp_path}"])) == 0
+        assert json.loads((tmp_path / "t.json").read_text())["target"] == {"success": target, "verdict": judged}
+        assert f"target={target} name=t`" in (tmp_path / "t.md").read_text()
+    with pytest.raises(ConfigError, match="target"):
+        main(compose("bench_runs", [f"runs=[{a},{b}]", "target=95", f"report_dir={tmp_path}"]))
     lo, hi = report["gains"]["final-base"]["ci95"]
     assert 0 < lo <= 0.625 <= hi and report["gains"]["final-base"]["verdict"] == "above"
     other = _run(tmp_path / "c", 99, [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1])

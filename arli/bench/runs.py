@@ -188,18 +188,21 @@ def main(cfg: BenchRunsConfig) -> int:
         gains[f"{a}-{b}"] = {"mean": cells[a]["success"] - cells[b]["success"], "ci95": list(ci),
                              "verdict": verdict(ci)}
     reference = paired_reference(cfg, evals, summaries)
+    target = None if cfg.target is None else {"success": cfg.target, "verdict": verdict(cells["final"]["ci95"],
+                                                                                        cfg.target)}
     s0 = summaries[0]
     runs_curves = curves(summaries)
     marks = budget_marks(runs_curves) if runs_curves else []
     payload = {**{k: s0[k] for k in keys}, "env_steps": [s["env_steps"] for s in summaries],
                "eval": evals[0]["split"], "runs": list(cfg.runs), "seeds": len(cfg.runs), "cells": cells,
-               "demonstrations": demo, "base_digest": base, "gains": gains, "reference_runs": list(cfg.reference), "reference": reference,
+               "demonstrations": demo, "base_digest": base, "target": target, "gains": gains, "reference_runs": list(cfg.reference), "reference": reference,
                "end_guard": [s.get("end_guard") for s in summaries], "curve_eval": s0.get("curve_eval"),
                "curve_at_budget": marks,
                "wall_s": [s["wall_s"] for s in summaries], "machine": machine_info()}
     md = [f"# {cfg.name}: `{s0['variant']}` on `{s0['env']}`, d = {s0['delay_steps']}, {len(cfg.runs)} training seeds",
           "", f"`arli bench runs 'runs=[{', '.join(cfg.runs)}]' "
           + (f"'reference=[{', '.join(cfg.reference)}]' " if cfg.reference else "")
+          + (f"target={cfg.target} " if cfg.target is not None else "")
           + f"name={cfg.name}` — each run's base alone, anchored "
           f"start and finetuned residual on the same {evals[0]['split']['episodes']} test episodes (seeds "
           f"{evals[0]['split']['seed_base']}..); 95% two-level bootstrap over training seeds and episodes; anchor "
@@ -213,6 +216,9 @@ def main(cfg: BenchRunsConfig) -> int:
         label = labels[p]
         md.append(f"| {label} | {c['success']:.3f} | {c['ci95'][0]:.3f}–{c['ci95'][1]:.3f} | "
                   f"{' / '.join(f'{x:.3f}' for x in c['per_seed'])} |")
+    if target:
+        md += ["", f"Target: after RL ≥ {cfg.target:.2f}, judged by its interval: **{target['verdict']}** "
+               f"({cells['final']['ci95'][0]:.3f}–{cells['final']['ci95'][1]:.3f})."]
     md += ["", "| gain | mean | 95% CI | verdict vs 0 |", "|---|---:|---:|---|"]
     for k, g in gains.items():
         md.append(f"| {k} | {g['mean']:+.3f} | {g['ci95'][0]:+.3f} – {g['ci95'][1]:+.3f} | {g['verdict']} |")
