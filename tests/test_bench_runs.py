@@ -86,9 +86,11 @@ def test_runs_are_pooled_per_seed_and_paired(tmp_path):
         assert main(compose("bench_runs", [f"runs=[{','.join(runs)}]", "name=t", f"target={target}",
                                            f"report_dir={tmp_path}"])) == 0
         assert json.loads((tmp_path / "t.json").read_text())["target"] == {"success": target, "verdict": judged}
-        assert f"target={target} name=t`" in (tmp_path / "t.md").read_text()
-    with pytest.raises(ConfigError, match="target"):
-        main(compose("bench_runs", [f"runs=[{a},{b}]", "target=95", f"report_dir={tmp_path}"]))
+        assert f"target={target:g} name=t`" in (tmp_path / "t.md").read_text()
+        assert f"Target: after RL ≥ {target:g}, judged by its interval: **{judged}**" in (tmp_path / "t.md").read_text()
+    for bad in ("95", "1"):  # a percentage, or a rate no interval can clear
+        with pytest.raises(ConfigError, match="target"):
+            main(compose("bench_runs", [f"runs=[{a},{b}]", f"target={bad}", f"report_dir={tmp_path}"]))
     lo, hi = report["gains"]["final-base"]["ci95"]
     assert 0 < lo <= 0.625 <= hi and report["gains"]["final-base"]["verdict"] == "above"
     other = _run(tmp_path / "c", 99, [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1])
@@ -165,8 +167,8 @@ def test_runs_on_different_bases_are_neither_pooled_nor_paired(tmp_path):
         summary = json.loads((tmp_path / d / "summary.json").read_text())
         (tmp_path / d / "summary.json").write_text(json.dumps({**summary, "base_digest": digest}))
     assert main(compose("bench_runs", [f"runs=[{a},{b}]", "name=one", f"report_dir={tmp_path}"])) == 0
-    assert json.loads((tmp_path / "one.json").read_text())["base_digest"] == "86ed350fefad"
-    assert "base `86ed350fefad`" in (tmp_path / "one.md").read_text()
+    assert json.loads((tmp_path / "one.json").read_text())["base_digests"] == ["86ed350fefad"] * 2
+    assert "; base `86ed350fefad`." in (tmp_path / "one.md").read_text()
     with pytest.raises(ConfigError, match="^runs: the runs finetuned different bases.*280b12aa66b9"):
         main(compose("bench_runs", [f"runs=[{b},{c}]", f"report_dir={tmp_path}"]))
     with pytest.raises(ConfigError, match="^reference: the runs finetuned different bases"):
@@ -174,4 +176,5 @@ def test_runs_on_different_bases_are_neither_pooled_nor_paired(tmp_path):
     old = _run(tmp_path / "old", 5, [1, 1], [1, 0], [0, 0])
     (tmp_path / "old" / "config.yaml").write_text("run:\n  seed: 11\n")
     assert main(compose("bench_runs", [f"runs=[{a},{old}]", "name=mixed", f"report_dir={tmp_path}"])) == 0
-    assert "base `86ed350fefad`" in (tmp_path / "mixed.md").read_text()
+    assert f"base `86ed350fefad` (not recorded by {old})." in (tmp_path / "mixed.md").read_text()
+    assert json.loads((tmp_path / "mixed.json").read_text())["base_digests"] == ["86ed350fefad", None]

@@ -84,6 +84,20 @@ def test_a_checkpoint_trained_at_another_delay_is_refused_naming_delay_steps(tmp
     assert c.env_steps == 0
 
 
+def test_a_run_records_which_base_it_finetuned(tmp_path):
+    """A local checkpoint by its content (equal for equal weights, not for other ones), the
+    scripted expert by name, anything else by the id as given."""
+    from arli.commands.finetune import base_identity
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d, weights in ((a, b"w1"), (b, b"w1")):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(weights)
+    assert base_identity(str(a)) == base_identity(str(b)) != f"id:{a}"
+    (b / "model.safetensors").write_bytes(b"w2")
+    assert base_identity(str(a)) != base_identity(str(b))
+    assert base_identity("expert") == "expert" and base_identity("lerobot/pi0") == "id:lerobot/pi0"
+
+
 def test_interventions_and_anchor_data_are_routed_to_anchor_replay():
     ft = _finetuner()
     n_anchor = ft.collect_anchor()

@@ -98,8 +98,7 @@ def plot(path: str, name: str, runs: list[str], runs_curves: list[np.ndarray], c
         for d, c in zip(runs, runs_curves):
             ax.plot(c[:, 0], c[:, 1], lw=0.8, alpha=0.55, label=_seed_label(d))
         # the mean only where every run has a curve: past a run's end np.interp would repeat its last point
-        grid = runs_curves[0][:, 0]
-        grid = grid[grid <= min(float(c[-1, 0]) for c in runs_curves)]
+        grid = np.unique(np.minimum(runs_curves[0][:, 0], min(float(c[-1, 0]) for c in runs_curves)))
         ax.plot(grid, np.mean([np.interp(grid, c[:, 0], c[:, 1]) for c in runs_curves], 0), color="black",
                 lw=2, label="mean over seeds")
         for p, x, color in (("start", 0.0, "tab:gray"), ("final", end, "tab:red")):
@@ -109,14 +108,23 @@ def plot(path: str, name: str, runs: list[str], runs_curves: list[np.ndarray], c
                         label=f"{'anchored start' if p == 'start' else 'after RL'} ({split['episodes']} test eps)")
 
 
-def base_of(runs, summaries: tuple, field: str) -> str | None:
-    """The base checkpoint's digest the runs share (``summary.json`` ``base_digest``); None where
-    no run recorded one (runs saved before the key existed). Runs on different bases are refused."""
+def base_of(runs, summaries: tuple, field: str) -> dict[str, str | None]:
+    """Each run's base (``summary.json`` ``base_digest``; None for runs saved before the key
+    existed). Runs that recorded different bases are refused."""
     digests = {d: s.get("base_digest") for d, s in zip(runs, summaries)}
     if len({v for v in digests.values() if v is not None}) > 1:
         raise ConfigError(f"{field}: the runs finetuned different bases (base_digest: "
                           f"{', '.join(f'{d}: {v}' for d, v in digests.items())}); pool and pair runs of one base")
-    return next((v for v in digests.values() if v is not None), None)
+    return digests
+
+
+def base_label(digests: dict[str, str | None]) -> str:
+    """The report's words for the runs' base, naming the runs that did not record it."""
+    known = {v for v in digests.values() if v is not None}
+    missing = [d for d, v in digests.items() if v is None]
+    if not known:
+        return "base digest not recorded by these runs"
+    return f"base `{known.pop()}`" + (f" (not recorded by {', '.join(missing)})" if missing else "")
 
 
 def paired_reference(cfg: BenchRunsConfig, evals: tuple, summaries: tuple) -> dict:
@@ -170,7 +178,7 @@ def main(cfg: BenchRunsConfig) -> int:
     if len({b for b in budgets.values() if b is not None}) > 1:
         raise ConfigError(f"runs: the runs have different budgets (run.env_steps: "
                           f"{', '.join(f'{d}: {b}' for d, b in budgets.items())}); pool runs of one setting")
-    base = base_of(cfg.runs, summaries, "runs")
+    bases = base_of(cfg.runs, summaries, "runs")
     curve_splits = {json.dumps(s.get("curve_eval"), sort_keys=True) for s in summaries}
     if len(curve_splits) != 1:
         raise ConfigError(f"runs: their learning curves ran on different tune episodes ({sorted(curve_splits)}); "
@@ -188,26 +196,27 @@ def main(cfg: BenchRunsConfig) -> int:
         gains[f"{a}-{b}"] = {"mean": cells[a]["success"] - cells[b]["success"], "ci95": list(ci),
                              "verdict": verdict(ci)}
     reference = paired_reference(cfg, evals, summaries)
-    target = None if cfg.target is None else {"success": cfg.target, "verdict": verdict(cells["final"]["ci95"],
-                                                                                        cfg.target)}
+    # met only when the interval's lower end is above the target (the sweep's rule)
+    target = None if cfg.target is None else {"success": cfg.target,
+                                              "verdict": verdict(cells["final"]["ci95"], cfg.target)}
     s0 = summaries[0]
     runs_curves = curves(summaries)
     marks = budget_marks(runs_curves) if runs_curves else []
     payload = {**{k: s0[k] for k in keys}, "env_steps": [s["env_steps"] for s in summaries],
                "eval": evals[0]["split"], "runs": list(cfg.runs), "seeds": len(cfg.runs), "cells": cells,
-               "demonstrations": demo, "base_digest": base, "target": target, "gains": gains, "reference_runs": list(cfg.reference), "reference": reference,
+               "demonstrations": demo, "base_digests": list(bases.values()),
+               "target": target, "gains": gains, "reference_runs": list(cfg.reference), "reference": reference,
                "end_guard": [s.get("end_guard") for s in summaries], "curve_eval": s0.get("curve_eval"),
                "curve_at_budget": marks,
                "wall_s": [s["wall_s"] for s in summaries], "machine": machine_info()}
     md = [f"# {cfg.name}: `{s0['variant']}` on `{s0['env']}`, d = {s0['delay_steps']}, {len(cfg.runs)} training seeds",
           "", f"`arli bench runs 'runs=[{', '.join(cfg.runs)}]' "
           + (f"'reference=[{', '.join(cfg.reference)}]' " if cfg.reference else "")
-          + (f"target={cfg.target} " if cfg.target is not None else "")
+          + (f"target={cfg.target:g} " if cfg.target is not None else "")
           + f"name={cfg.name}` — each run's base alone, anchored "
           f"start and finetuned residual on the same {evals[0]['split']['episodes']} test episodes (seeds "
           f"{evals[0]['split']['seed_base']}..); 95% two-level bootstrap over training seeds and episodes; anchor "
-          f"data from `run.demonstrations={demo or 'unknown (no config.yaml)'}`; base "
-          f"{f'`{base}`' if base else 'digest not recorded'}.", "",
+          f"data from `run.demonstrations={demo or 'unknown (no config.yaml)'}`; {base_label(bases)}.", "",
           "| policy | success | 95% CI | per seed |", "|---|---:|---:|---|"]
     labels = {"base": "base alone", "start": "anchored start (0 online steps)", "final": "after RL (deployed)",
               "trained": "after RL, as trained (before the end guard)"}
@@ -217,7 +226,7 @@ def main(cfg: BenchRunsConfig) -> int:
         md.append(f"| {label} | {c['success']:.3f} | {c['ci95'][0]:.3f}–{c['ci95'][1]:.3f} | "
                   f"{' / '.join(f'{x:.3f}' for x in c['per_seed'])} |")
     if target:
-        md += ["", f"Target: after RL ≥ {cfg.target:.2f}, judged by its interval: **{target['verdict']}** "
+        md += ["", f"Target: after RL ≥ {cfg.target:g}, judged by its interval: **{target['verdict']}** "
                f"({cells['final']['ci95'][0]:.3f}–{cells['final']['ci95'][1]:.3f})."]
     md += ["", "| gain | mean | 95% CI | verdict vs 0 |", "|---|---:|---:|---|"]
     for k, g in gains.items():
@@ -247,9 +256,9 @@ def main(cfg: BenchRunsConfig) -> int:
         plot(os.path.join(cfg.report_dir, f"{cfg.name}.png"), cfg.name, list(cfg.runs), runs_curves, cells,
              evals[0]["split"], s0.get("curve_eval"))
         md += ["", f"![learning curves]({cfg.name}.png)"]
-    elif os.path.exists(stale := os.path.join(cfg.report_dir, f"{cfg.name}.png")):
-        os.remove(stale)  # an earlier report's curves are not these runs'
     write_report(cfg.report_dir, cfg.name, payload, "\n".join(md) + "\n")
+    if not marks and os.path.exists(stale := os.path.join(cfg.report_dir, f"{cfg.name}.png")):
+        os.remove(stale)  # an earlier report's curves are not these runs'
     print("\n".join(md))
     print_last_line_json({"cells": cells, "gains": gains, "reference": reference})
     return 0

@@ -105,6 +105,12 @@ def test_report(run, split: dict, outcomes: dict[str, list[bool]]) -> dict:
     return out
 
 
+def base_identity(checkpoint: str) -> str:
+    """Which base a run finetuned, so runs on different bases are never pooled or paired: the
+    content digest of a local checkpoint (or ``expert``), else the hub id as given."""
+    return policy_digest(checkpoint) if checkpoint == EXPERT or os.path.isdir(checkpoint) else f"id:{checkpoint}"
+
+
 def main(cfg: FinetuneConfig) -> int:
     from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
 
@@ -113,8 +119,7 @@ def main(cfg: FinetuneConfig) -> int:
 
     start = time.time()
     ft, name, delay = make_finetuner(cfg)
-    # which base the run finetuned, so runs on different bases are never pooled or paired
-    base_digest = policy_digest(cfg.checkpoint) if cfg.checkpoint == EXPERT or os.path.isdir(cfg.checkpoint) else None
+    base_digest = base_identity(cfg.checkpoint)
     spec = cfg.run
     run_dir = cfg.output_dir or new_run_dir(os.path.join("outputs", f"finetune_{name}_{spec.variant}_d{delay}"))
     os.makedirs(run_dir, exist_ok=True)
