@@ -613,12 +613,22 @@ class BenchLearnerConfig:
     seconds: float = 5.0  # per measurement
     threads: int = 2
     seed: int = 0
+    # where the updates run (auto|cpu|cuda[:i]); off the CPU the report is <report_dir>/learner_cuda.*
+    device: str = "cpu"
+    # [batch, critic heads, critic hidden] of each row of the size sweep (the default learner otherwise)
+    shapes: list[list[int]] = field(default_factory=lambda: [[256, 4, 128], [1024, 4, 128], [256, 10, 256],
+                                                             [1024, 10, 256], [4096, 10, 512]])
     json: bool = False
     report_dir: str = "reports"
 
     def validate(self) -> None:
         _positive(self, "obs_dim", "action_dim", "chunk_size", "threads")
         require(self.seconds > 0, "seconds", "> 0", self.seconds)
+        check_device(self.device)
+        require(all(len(s) == 3 and all(isinstance(v, int) and v >= 1 for v in s) for s in self.shapes), "shapes",
+                "a list of [batch, critic heads, critic hidden], each an integer >= 1", self.shapes)
+        require(all(s[1] >= 2 for s in self.shapes), "shapes", "critic heads >= 2 (the target's min is over 2)",
+                self.shapes)
 
 
 @dataclass

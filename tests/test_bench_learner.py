@@ -40,13 +40,42 @@ def test_reference_and_ours_compute_the_same_critic_loss():
 @pytest.mark.slow
 def test_bench_learner_json(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "arli.cli", "bench", "learner", "--json", "seconds=0.2",
-                           f"report_dir={tmp_path}"], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                           "shapes=[[32,2,16],[64,10,32]]", f"report_dir={tmp_path}"], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(out) == {"updates_per_s", "reference_updates_per_s", "ratio"}
+    assert set(out) == {"device", "updates_per_s", "reference_updates_per_s", "ratio"} and out["device"] == "cpu"
     assert out["updates_per_s"] > 0 and out["reference_updates_per_s"] > 0
     assert np.isclose(out["ratio"], out["updates_per_s"] / out["reference_updates_per_s"], rtol=0.02)
     report = json.loads((tmp_path / "learner.json").read_text())
     assert report["dispatch_floor_ms"] > 0 and report["gflop_per_update"] > 0
     assert "What bounds it" in (tmp_path / "learner.md").read_text()
+    # the size sweep: one row per requested shape, the bigger one doing more work per update
+    rows = report["sweep"]
+    assert [(r["batch_size"], r["critic_heads"], r["critic_hidden"]) for r in rows] == [(32, 2, 16), (64, 10, 32)]
+    assert rows[1]["gflop_per_update"] > rows[0]["gflop_per_update"] > 0 and all(r["updates_per_s"] > 0 for r in rows)
+    assert not (tmp_path / "learner_cuda.json").exists()
+
+
+@pytest.mark.parametrize("shapes, expected", [("[[256,4]]", "batch, critic heads, critic hidden"),
+                                              ("[[256,1,128]]", "critic heads >= 2"),
+                                              ("[[0,4,128]]", "integer >= 1")])
+def test_bench_learner_refuses_a_bad_shape_naming_the_field(shapes, expected):
+    from arli.cli import compose
+    from arli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"shapes.*{expected}"):
+        compose("bench_learner", [f"shapes={shapes}"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)")
+def test_bench_learner_on_cuda_writes_its_own_report(tmp_path):
+    """Where a GPU exists: the bench runs both learners there and writes learner_cuda.*, never
+    overwriting the CPU report."""
+    proc = subprocess.run([sys.executable, "-m", "arli.cli", "bench", "learner", "--json", "seconds=0.2",
+                           "device=cuda", "shapes=[[1024,10,256]]", f"report_dir={tmp_path}"], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "learner_cuda.json").read_text())
+    assert report["device"] == "cuda" and report["updates_per_s"] > 0 and report["sweep"][0]["updates_per_s"] > 0
+    assert not (tmp_path / "learner.json").exists()

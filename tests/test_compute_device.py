@@ -61,7 +61,8 @@ def test_config_fields_are_checked_at_start_up():
 
 
 def test_a_learner_on_the_resolved_device_learns_as_on_the_cpu():
-    """The same seed on ``device=auto`` (here the CPU) and ``cpu`` gives identical updates."""
+    """The same seed on ``device=auto`` and ``cpu`` gives identical updates where auto is the
+    CPU, and the same within float tolerance where it is a GPU (other kernels, other rounding)."""
     from arli.rl.config import LearnerConfig
     from arli.rl.learner import ResidualLearner
     from arli.rl.replay import ReplayBuffer
@@ -80,7 +81,12 @@ def test_a_learner_on_the_resolved_device_learns_as_on_the_cpu():
         return losses, learner.act(np.zeros(6, np.float32), np.zeros(2, np.float32), explore=False)
 
     (a, act_a), (b, act_b) = run("auto"), run("cpu")
-    assert a == b and np.array_equal(act_a, act_b) and a[-1] != a[0]
+    assert a[-1] != a[0]
+    if resolve_device("auto") == "cpu":
+        assert a == b and np.array_equal(act_a, act_b)
+    else:
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(act_a, act_b, atol=1e-5)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)")

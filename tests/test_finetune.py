@@ -167,6 +167,7 @@ def test_finetune_entry_point_writes_a_consistent_run(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["regime"] == "rl" and summary["intervened_steps"] == 0
     assert summary["base_digest"] == "expert"  # the base it finetuned, for pooling and pairing runs
+    assert summary["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # run.device=auto
     assert summary["env_steps"] >= 600 and summary["updates"] > 0
     # the final numbers: base, start and finetuned on the same test seeds, per episode, with intervals
     report = json.loads((out / "eval_test.json").read_text())

@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from arli.augment import StateBuilder
-from arli.bench.common import machine_info, print_last_line_json, write_report
+from arli.bench.common import cpu_model, machine_info, print_last_line_json, write_report
+from arli.compute import resolve_device
 from arli.config import BenchLearnerConfig
 from arli.policies.residual import ResidualActor, compose_action
 from arli.rl.config import LearnerConfig
@@ -32,9 +33,10 @@ from arli.types import DEMO
 class ReferenceLearner:
     """CleanRL-style: one nn.Sequential per critic head, Python loops, the same math."""
 
-    def __init__(self, cfg: LearnerConfig, state_dim: int, action_dim: int, seed: int = 0):
+    def __init__(self, cfg: LearnerConfig, state_dim: int, action_dim: int, seed: int = 0, device: str = "cpu"):
         torch.manual_seed(seed)
         self.cfg = cfg
+        self.device = torch.device(device)
 
         def critic() -> nn.Module:
             h = cfg.critic_hidden
@@ -42,9 +44,9 @@ class ReferenceLearner:
                                  nn.ReLU(), nn.Linear(h, h), nn.LayerNorm(h, elementwise_affine=False), nn.ReLU(),
                                  nn.Linear(h, 1))
 
-        self.critics = nn.ModuleList([critic() for _ in range(cfg.critic_heads)])
+        self.critics = nn.ModuleList([critic() for _ in range(cfg.critic_heads)]).to(self.device)
         self.critics_target = copy.deepcopy(self.critics)
-        self.actor = ResidualActor(state_dim, action_dim, cfg.hidden)
+        self.actor = ResidualActor(state_dim, action_dim, cfg.hidden).to(self.device)
         self.actor_target = copy.deepcopy(self.actor)
         self.critic_opt = torch.optim.Adam(self.critics.parameters(), lr=cfg.critic_lr)
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr)
@@ -57,14 +59,15 @@ class ReferenceLearner:
 
     def update(self, online: ReplayBuffer, anchor: ReplayBuffer) -> None:
         cfg = self.cfg
-        b = mixed_batch(online, anchor, cfg.batch_size, cfg.anchor_ratio, self.generator)
+        b = {k: v.to(self.device) for k, v in
+             mixed_batch(online, anchor, cfg.batch_size, cfg.anchor_ratio, self.generator).items()}
         with torch.no_grad():
-            noise = (torch.randn(b["next_base"].shape) * cfg.target_noise).clamp(-cfg.target_noise_clip,
-                                                                                   cfg.target_noise_clip)
+            noise = (torch.randn(b["next_base"].shape, device=self.device)
+                     * cfg.target_noise).clamp(-cfg.target_noise_clip, cfg.target_noise_clip)
             r_next = (self.actor_target(b["next_state"]) + noise).clamp(-1, 1)
             next_action = compose_action(b["next_base"], r_next, cfg.residual_scale)
             q_next = self.q_all(self.critics_target, b["next_state"], next_action)
-            pair = torch.randperm(cfg.critic_heads)[: cfg.critic_subset]
+            pair = torch.randperm(cfg.critic_heads, device=self.device)[: cfg.critic_subset]
             target = (b["ret"] + b["discount"] * q_next[pair].min(0).values).clamp(cfg.q_min, cfg.q_max)
         q = self.q_all(self.critics, b["state"], b["action"])
         loss = sum(((q[e] - target) ** 2).mean() for e in range(cfg.critic_heads)) / cfg.critic_heads
@@ -108,16 +111,21 @@ def filled_buffers(state_dim: int, action_dim: int, rows: int, seed: int) -> tup
     return bufs[0], bufs[1]
 
 
-def rate(update, seconds: float, warmup: int) -> float:
-    """Updates per second of ``update()`` over about ``seconds`` after ``warmup`` calls."""
+def rate(update, seconds: float, warmup: int, device: str = "cpu") -> float:
+    """Updates per second of ``update()`` over about ``seconds`` (at least 10 calls) after
+    ``warmup`` calls. On a GPU each block of 10 waits for its queued kernels, so a rate counts
+    finished work, not launches."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     for _ in range(warmup):
         update()
+    sync()
     count, start = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < seconds:
+    while time.perf_counter() - start < seconds:
         for _ in range(10):
             update()
+        sync()
         count += 10
-    return count / elapsed
+    return count / (time.perf_counter() - start)
 
 
 def update_flops(cfg: LearnerConfig, state_dim: int, action_dim: int) -> float:
@@ -130,74 +138,120 @@ def update_flops(cfg: LearnerConfig, state_dim: int, action_dim: int) -> float:
     return critic_step + actor_step / cfg.policy_delay
 
 
-def matmul_peak_gflops(threads: int, seconds: float = 1.0) -> float:
-    """Dense float32 matmul throughput of this machine (1024 x 1024), GFLOP/s."""
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    r = rate(lambda: a @ b, seconds, 3)
-    return r * 2 * 1024**3 / 1e9
+def matmul_peak_gflops(device: str = "cpu", seconds: float = 1.0) -> float:
+    """Dense float32 matmul throughput of ``device``, GFLOP/s (1024 x 1024 on the CPU, 8192 x
+    8192 on a GPU, where 1024 is launch-bound)."""
+    n = 1024 if device == "cpu" else 8192
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    return rate(lambda: a @ b, seconds, 3, device) * 2 * n**3 / 1e9
+
+
+def sweep(cfg: BenchLearnerConfig, device: str, state_dim: int, online: ReplayBuffer,
+          anchor: ReplayBuffer) -> list[dict]:
+    """Updates/s of the default learner at each ``[batch, critic heads, critic hidden]`` of
+    ``cfg.shapes`` (the target's min stays over 2 heads): what a bigger ensemble (ResFiT: 10
+    heads) or batch costs on this device."""
+    rows = []
+    for batch, heads, hidden in cfg.shapes:
+        shape_cfg = LearnerConfig(critic_warmup_updates=0, batch_size=batch, critic_heads=heads,
+                                  critic_hidden=hidden)
+        learner = ResidualLearner(shape_cfg, state_dim, cfg.action_dim, cfg.seed, device=device)
+        per_s = rate(lambda: learner.update(online, anchor), cfg.seconds, 3, device)
+        flops = update_flops(shape_cfg, state_dim, cfg.action_dim)
+        rows.append({"batch_size": batch, "critic_heads": heads, "critic_hidden": hidden,
+                     "updates_per_s": round(per_s, 1), "update_ms": round(1000 / per_s, 2),
+                     "gflop_per_update": round(flops / 1e9, 3), "achieved_gflop_s": round(per_s * flops / 1e9, 1)})
+    return rows
+
+
+def device_name(device: str) -> str:
+    """The GPU's name, or the CPU's model."""
+    return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else cpu_model()
 
 
 def main(cfg: BenchLearnerConfig) -> int:
     torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    on_cpu = device == "cpu"
     learner_cfg = LearnerConfig(critic_warmup_updates=0)  # measure the full update, actor included
     D = StateBuilder("arli", cfg.obs_dim, cfg.action_dim, cfg.chunk_size).dim
     online, anchor = filled_buffers(D, cfg.action_dim, 20_000, cfg.seed)
-    ours = ResidualLearner(learner_cfg, D, cfg.action_dim, cfg.seed)
-    ref = ReferenceLearner(learner_cfg, D, cfg.action_dim, cfg.seed)
+    ours = ResidualLearner(learner_cfg, D, cfg.action_dim, cfg.seed, device=device)
+    ref = ReferenceLearner(learner_cfg, D, cfg.action_dim, cfg.seed, device=device)
     # interleaved, best of two rounds each: this machine's speed drifts between seconds
     ours_rate = ref_rate = 0.0
     for _ in range(2):
-        ours_rate = max(ours_rate, rate(lambda: ours.update(online, anchor), cfg.seconds, 20))
-        ref_rate = max(ref_rate, rate(lambda: ref.update(online, anchor), cfg.seconds, 20))
+        ours_rate = max(ours_rate, rate(lambda: ours.update(online, anchor), cfg.seconds, 20, device))
+        ref_rate = max(ref_rate, rate(lambda: ref.update(online, anchor), cfg.seconds, 20, device))
     # what bounds it: the same update with tiny networks (the per-update dispatch floor) and
-    # the machine's dense matmul peak
+    # the device's dense matmul peak
     tiny_cfg = LearnerConfig(critic_warmup_updates=0, hidden=4, critic_hidden=4, batch_size=8)
-    tiny = ResidualLearner(tiny_cfg, D, cfg.action_dim, cfg.seed)
-    floor_ms = 1000 / rate(lambda: tiny.update(online, anchor), cfg.seconds, 20)
-    peak = matmul_peak_gflops(cfg.threads)
+    tiny = ResidualLearner(tiny_cfg, D, cfg.action_dim, cfg.seed, device=device)
+    floor_ms = 1000 / rate(lambda: tiny.update(online, anchor), cfg.seconds, 20, device)
+    peak = matmul_peak_gflops(device)
     flops = update_flops(learner_cfg, D, cfg.action_dim)
     update_ms = 1000 / ours_rate
-    payload = {"updates_per_s": round(ours_rate, 1), "reference_updates_per_s": round(ref_rate, 1),
+    rows = sweep(cfg, device, D, online, anchor)
+    name = "learner" if on_cpu else "learner_cuda"
+    where = (f"{cfg.threads} CPU thread{'s' * (cfg.threads != 1)}" if on_cpu
+             else f"{device_name(device)}, replay sampled on the CPU")
+    payload = {"device": device, "device_name": device_name(device),
+               "updates_per_s": round(ours_rate, 1), "reference_updates_per_s": round(ref_rate, 1),
                "ratio": round(ours_rate / ref_rate, 2), "gflop_per_update": round(flops / 1e9, 3),
                "achieved_gflop_s": round(ours_rate * flops / 1e9, 1), "matmul_peak_gflop_s": round(peak, 1),
                "dispatch_floor_ms": round(floor_ms, 2), "update_ms": round(update_ms, 2), "state_dim": D,
                "batch_size": learner_cfg.batch_size, "critic_heads": learner_cfg.critic_heads,
                "critic_hidden": learner_cfg.critic_hidden, "actor_hidden": learner_cfg.hidden,
-               "threads": cfg.threads, "target_updates_per_s": 150, "machine": machine_info()}
-    md = (f"# Learner update speed\n\nCommand: `arli bench learner --json` ({cfg.threads} threads, "
-          f"best of 2 interleaved {cfg.seconds:.0f} s measurements)\n\n"
+               "threads": cfg.threads, "sweep": rows, "machine": machine_info()}
+    if on_cpu:
+        payload["target_updates_per_s"] = 150
+    command = "arli bench learner --json" + ("" if on_cpu else f" device={cfg.device}")
+    md = (f"# Learner update speed{'' if on_cpu else ' on ' + device_name(device)}\n\n"
+          f"Command: `{command}` ({where}, best of 2 interleaved {cfg.seconds:g} s measurements)\n\n"
           f"| learner | updates/s |\n|---|---:|\n| ours (default `LearnerConfig`) | {ours_rate:.1f} |\n"
           f"| reference (CleanRL-style, same math) | {ref_rate:.1f} |\n| ratio | {ours_rate / ref_rate:.2f}x |\n\n"
           f"Shapes: state {D}, action {cfg.action_dim}, batch {learner_cfg.batch_size}, "
           f"{learner_cfg.critic_heads} critic heads x {learner_cfg.critic_hidden} hidden, actor "
-          f"{learner_cfg.hidden} hidden, actor step every {learner_cfg.policy_delay} updates.\n\n"
-          f"Target >= 150 updates/s: **{'met' if ours_rate >= 150 else 'NOT met'}** ({ours_rate:.0f}).\n\n"
-          "## What bounds it\n\n"
-          f"* One update takes {update_ms:.2f} ms.\n"
-          f"* Matmul work: {flops / 1e9:.3f} GFLOP per update; at this machine's dense matmul peak "
-          f"({peak:.0f} GFLOP/s, 1024x1024) that is {1000 * flops / 1e9 / peak:.2f} ms.\n"
-          f"* Dispatch floor: the same update with 4-unit networks and batch 8 takes {floor_ms:.2f} ms: "
-          "the cost of issuing its ~300 small PyTorch operations (forward, backward, two Adam steps, "
-          "Polyak) from Python, whatever the sizes.\n"
-          f"* So about {floor_ms:.1f} ms is overhead and {max(update_ms - floor_ms, 0):.1f} ms compute at "
-          f"{flops / 1e9 / max(update_ms - floor_ms, 1e-3) * 1000:.0f} GFLOP/s, well below peak: "
-          "128-wide layers on a 256-row batch are too small for the 2-core BLAS to reach full speed.\n"
-          "* What was done: one batched ensemble (first layer of all heads as one matmul, second "
-          "as one batched matmul), contiguous activations, target "
-          "evaluated on the 2 heads its min uses, the last layer as one batched matmul, one gather per "
-          "batch (transition rows stored contiguously), and every network's parameters, gradients and "
-          "Adam moments in one flat buffer (`arli/rl/flat_adam.py`): an Adam step, a gradient reset and a "
-          "Polyak average are a few whole-buffer operations instead of a C++ loop over tensors with a "
-          "`.item()` per step counter (the same arithmetic as `torch.optim.Adam`, tested bit for bit). "
-          "In interleaved pairs against the previous learner (foreach `torch.optim.Adam`): 1.2-1.3x. "
-          "Tried and not kept: `torch.compile` of the networks (slower here: 84 vs 99 updates/s, "
-          "45 s compile), fused CPU Adam (slower), evaluating all target heads instead of indexing the "
-          "pair (slower). This VM's speed drifts (steal time up to a third of the machine's CPU time): the same learner "
-          "moves between about 113 and 171 updates/s from one minute to the next.\n")
+          f"{learner_cfg.hidden} hidden, actor step every {learner_cfg.policy_delay} updates.\n\n")
+    if on_cpu:
+        md += f"Target >= 150 updates/s: **{'met' if ours_rate >= 150 else 'NOT met'}** ({ours_rate:.0f}).\n\n"
+    md += ("## Bigger critics and batches\n\nThe default learner with other sizes (one measurement each; "
+           "the actor stays 128 wide):\n\n| batch | critic heads x hidden | updates/s | ms/update | "
+           "GFLOP/update | GFLOP/s |\n|---:|---|---:|---:|---:|---:|\n")
+    md += "".join(f"| {r['batch_size']} | {r['critic_heads']} x {r['critic_hidden']} | {r['updates_per_s']:.1f} | "
+                  f"{r['update_ms']:.2f} | {r['gflop_per_update']:.3f} | {r['achieved_gflop_s']:.0f} |\n" for r in rows)
+    md += ("\n## What bounds it\n\n"
+           f"* One update takes {update_ms:.2f} ms.\n"
+           f"* Matmul work: {flops / 1e9:.3f} GFLOP per update; at this device's dense float32 matmul peak "
+           f"({peak:.0f} GFLOP/s, {'1024x1024' if on_cpu else '8192x8192'}) that is "
+           f"{1000 * flops / 1e9 / peak:.3f} ms.\n"
+           f"* Dispatch floor: the same update with 4-unit networks and batch 8 takes {floor_ms:.2f} ms: "
+           "the cost of issuing its ~300 small PyTorch operations (forward, backward, two Adam steps, "
+           "Polyak) from Python, whatever the sizes" + ("" if on_cpu else
+           ", with the batch's copy to the GPU and the loss read back each update") + ".\n"
+           f"* So about {floor_ms:.1f} ms is overhead and {max(update_ms - floor_ms, 0):.1f} ms compute at "
+           f"{flops / 1e9 / max(update_ms - floor_ms, 1e-3) * 1000:.0f} GFLOP/s" +
+           (", well below peak: 128-wide layers on a 256-row batch are too small for the 2-core BLAS to reach "
+            "full speed.\n" if on_cpu else
+            ": at the default sizes a GPU update is launch-bound, so the sweep's bigger ensembles and batches "
+            "cost little more per update.\n"))
+    if on_cpu:
+        md += ("* What was done: one batched ensemble (first layer of all heads as one matmul, second "
+               "as one batched matmul), contiguous activations, target "
+               "evaluated on the 2 heads its min uses, the last layer as one batched matmul, one gather per "
+               "batch (transition rows stored contiguously), and every network's parameters, gradients and "
+               "Adam moments in one flat buffer (`arli/rl/flat_adam.py`): an Adam step, a gradient reset and a "
+               "Polyak average are a few whole-buffer operations instead of a C++ loop over tensors with a "
+               "`.item()` per step counter (the same arithmetic as `torch.optim.Adam`, tested bit for bit). "
+               "In interleaved pairs against the previous learner (foreach `torch.optim.Adam`): 1.2-1.3x. "
+               "Tried and not kept: `torch.compile` of the networks (slower here: 84 vs 99 updates/s, "
+               "45 s compile), fused CPU Adam (slower), evaluating all target heads instead of indexing the "
+               "pair (slower). This VM's speed drifts (steal time up to a third of the machine's CPU time): the "
+               "same learner moves between about 113 and 171 updates/s from one minute to the next.\n")
     if cfg.report_dir:
-        write_report(cfg.report_dir, "learner", payload, md)
+        write_report(cfg.report_dir, name, payload, md)
     if cfg.json:
-        print_last_line_json({k: payload[k] for k in ("updates_per_s", "reference_updates_per_s", "ratio")})
+        print_last_line_json({k: payload[k] for k in ("device", "updates_per_s", "reference_updates_per_s", "ratio")})
     else:
         print(md)
     return 0

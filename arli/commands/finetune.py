@@ -212,6 +212,7 @@ def main(cfg: FinetuneConfig) -> int:
         "eval": test, "ci95": report["ci95"], "gains": report["gains"],
         "steps_to_80": steps_to(ft.history, 0.8), "curve_eval": {"split": "tune", "seed_base": spec.tune_seed,
                                                                  "episodes": spec.eval_episodes},
+        "device": str(ft.learner.device),  # where the base and the learner ran (what the speeds depend on)
         "env_steps_per_s": round((ft.env_steps - steps_before) / max(train_s, 1e-9), 1),
         "updates_per_s": round((ft.learner.updates - updates_before) / max(train_s, 1e-9), 1),
         "train_time_s": ft.time_breakdown(),
@@ -264,7 +265,8 @@ def main(cfg: FinetuneConfig) -> int:
     if summary["sim_unstable_episodes"]["run"]:
         print(f"note: {summary['sim_unstable_episodes']['run']} episodes ended early when MuJoCo reset an unstable "
               "state (counted as failures; per evaluation in summary.json)")
-    print(f"{summary['env_steps_per_s']} env steps/s, {summary['updates_per_s']} updates/s while training")
+    print(f"{summary['env_steps_per_s']} env steps/s, {summary['updates_per_s']} updates/s while training "
+          f"(base and learner on {summary['device']})")
     print("training time (s): " + ", ".join(f"{k} {v:.1f}" for k, v in summary["train_time_s"].items()))
     print(f"\nwrote {run_dir}/ (checkpoint/, tb/, learning_curve.png, summary.json, eval_test.json"
           f"{', videos/' if summary['videos'] else ''}) in "

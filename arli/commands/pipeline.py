@@ -66,6 +66,7 @@ def learner_main(cfg: LearnerServiceConfig) -> int:
 
     torch.set_num_threads(1)  # share the machine with the actors and the server
     ft, name, delay = make_finetuner(cfg)
+    print(f"arli learner: {name}, d={delay}, updates on {ft.learner.device}", flush=True)
     run_dir = cfg.output_dir or os.path.join("outputs", f"learner_{name}")
     os.makedirs(run_dir, exist_ok=True)
     meta, norm = ft.residual_definition()
