@@ -523,11 +523,16 @@ class BenchRunsConfig:
     # a success the deployed residual must reach (the issue's arli@d target, or the ceiling - 0.03
     # where that is lower): met when its 95% interval's lower end is above it
     target: float | None = None
+    # the lead the runs' final must hold over the reference's (the issue's +0.05 over a control):
+    # met when the paired difference's 95% interval's lower end is above it
+    margin: float | None = None
 
     def validate(self) -> None:
         require(all(isinstance(r, str) and r for r in self.runs), "runs", "a list of run directories", self.runs)
         require(self.target is None or 0 < self.target < 1, "target", "a success rate in (0, 1), or null",
                 self.target)
+        require(self.margin is None or (-1 < self.margin < 1 and bool(self.reference)), "margin",
+                "a success difference in (-1, 1) with reference=[...] runs to hold it over, or null", self.margin)
         require(all(isinstance(r, str) and r for r in self.reference), "reference",
                 "a list of run directories (one per run, same training seeds)", self.reference)
 

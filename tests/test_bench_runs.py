@@ -119,6 +119,18 @@ def test_a_reference_setting_is_paired_by_training_seed_and_episode(tmp_path):
     assert ref["start-reference_start"]["mean"] == 0.375 - 0.125
     lo, hi = ref["final-reference_final"]["ci95"]
     assert 0 < lo <= 0.875 <= hi and ref["final-reference_final"]["verdict"] == "above"
+    assert "margin" not in ref["final-reference_final"]
+    # a margin over the control is judged by the paired difference's lower end
+    for mine, control, margin, judged in ((runs, refs, lo - 0.01, "above"), (runs, refs, (lo + hi) / 2, "unresolved"),
+                                          (refs, runs, 0.0, "below")):
+        assert main(compose("bench_runs", [f"runs=[{','.join(mine)}]", f"reference=[{','.join(control)}]", "name=m",
+                                           f"margin={margin}", f"report_dir={tmp_path}"])) == 0
+        final = json.loads((tmp_path / "m.json").read_text())["reference"]["final-reference_final"]
+        assert final["margin"] == {"difference": margin, "verdict": judged}
+        assert f"judged by the paired interval: **{judged}**" in (tmp_path / "m.md").read_text()
+    for bad in (["margin=1.5", f"reference=[{','.join(refs)}]"], ["margin=0.05"]):  # out of range; nothing to lead
+        with pytest.raises(ConfigError, match="margin"):
+            main(compose("bench_runs", [f"runs=[{','.join(runs)}]", *bad, f"report_dir={tmp_path}"]))
     # a reference of another training seed, or on other episodes, is refused by name
     with pytest.raises(ConfigError, match="training seed 11"):
         main(compose("bench_runs", [f"runs=[{','.join(runs)}]", f"reference=[{refs[1]},{refs[0]}]",

@@ -155,6 +155,9 @@ def paired_reference(cfg: BenchRunsConfig, evals: tuple, summaries: tuple) -> di
         out[f"{p}-reference_{p}"] = {"mean": float(mine.mean() - ref.mean()), "ci95": list(ci),
                                      "reference": float(ref.mean()), "reference_per_seed":
                                      [float(x) for x in ref.mean(1)], "verdict": verdict(ci)}
+    if cfg.margin is not None:  # the deployed residual's lead over the control, judged by its interval
+        final = out["final-reference_final"]
+        final["margin"] = {"difference": cfg.margin, "verdict": verdict(final["ci95"], cfg.margin)}
     return out
 
 
@@ -213,6 +216,7 @@ def main(cfg: BenchRunsConfig) -> int:
           "", f"`arli bench runs 'runs=[{', '.join(cfg.runs)}]' "
           + (f"'reference=[{', '.join(cfg.reference)}]' " if cfg.reference else "")
           + (f"target={cfg.target:g} " if cfg.target is not None else "")
+          + (f"margin={cfg.margin:g} " if cfg.margin is not None else "")
           + f"name={cfg.name}` — each run's base alone, anchored "
           f"start and finetuned residual on the same {evals[0]['split']['episodes']} test episodes (seeds "
           f"{evals[0]['split']['seed_base']}..); 95% two-level bootstrap over training seeds and episodes; anchor "
@@ -245,6 +249,10 @@ def main(cfg: BenchRunsConfig) -> int:
         for k, g in reference.items():
             md.append(f"| {k} | {g['reference']:.3f} ({' / '.join(f'{x:.3f}' for x in g['reference_per_seed'])}) | "
                       f"{g['mean']:+.3f} | {g['ci95'][0]:+.3f} – {g['ci95'][1]:+.3f} | {g['verdict']} |")
+        if cfg.margin is not None:
+            g = reference["final-reference_final"]
+            md += ["", f"Margin: after RL ≥ the reference's after RL {cfg.margin:+g}, judged by the paired interval: "
+                   f"**{g['margin']['verdict']}** ({g['ci95'][0]:+.3f} – {g['ci95'][1]:+.3f})."]
     if marks:
         md += ["", f"Learning curve on the tune episodes ({(s0.get('curve_eval') or {}).get('episodes', '?')} per "
                "point; the point nearest each quarter of the budget; for reading the budget, not for reporting):",
