@@ -531,8 +531,10 @@ class BenchRunsConfig:
         require(all(isinstance(r, str) and r for r in self.runs), "runs", "a list of run directories", self.runs)
         require(self.target is None or 0 < self.target < 1, "target", "a success rate in (0, 1), or null",
                 self.target)
-        require(self.margin is None or (-1 < self.margin < 1 and bool(self.reference)), "margin",
-                "a success difference in (-1, 1) with reference=[...] runs to hold it over, or null", self.margin)
+        require(self.margin is None or -1 < self.margin < 1, "margin", "a success difference in (-1, 1), or null",
+                self.margin)
+        require(self.margin is None or bool(self.reference), "margin",
+                "reference=[...] runs to lead (a margin is over the reference's final)", self.margin)
         require(all(isinstance(r, str) and r for r in self.reference), "reference",
                 "a list of run directories (one per run, same training seeds)", self.reference)
 

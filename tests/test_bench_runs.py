@@ -126,10 +126,20 @@ def test_a_reference_setting_is_paired_by_training_seed_and_episode(tmp_path):
         assert main(compose("bench_runs", [f"runs=[{','.join(mine)}]", f"reference=[{','.join(control)}]", "name=m",
                                            f"margin={margin}", f"report_dir={tmp_path}"])) == 0
         final = json.loads((tmp_path / "m.json").read_text())["reference"]["final-reference_final"]
-        assert final["margin"] == {"difference": margin, "verdict": judged}
-        assert f"judged by the paired interval: **{judged}**" in (tmp_path / "m.md").read_text()
-    for bad in (["margin=1.5", f"reference=[{','.join(refs)}]"], ["margin=0.05"]):  # out of range; nothing to lead
-        with pytest.raises(ConfigError, match="margin"):
+        assert final["margin"] == {"threshold": margin, "verdict": judged}
+        assert f"(met when its lower end is above): **{judged}**" in (tmp_path / "m.md").read_text()
+    # a lead resolved above 0 that falls short of the margin: the margin's verdict, not the plain one
+    few = [_run(tmp_path / f"f{i}", 5, [1, 0] * 10, [0] * 20, [0] * 20) for i in range(2)]
+    none = [_run(tmp_path / f"n{i}", 5, [0] * 20, [0] * 20, [0] * 20) for i in range(2)]
+    for d, seed in zip(few + none, (10, 11, 10, 11)):
+        (tmp_path / d / "config.yaml").write_text(f"run:\n  seed: {seed}\n")
+    assert main(compose("bench_runs", [f"runs=[{','.join(few)}]", f"reference=[{','.join(none)}]", "name=f",
+                                       "margin=0.9", f"report_dir={tmp_path}"])) == 0
+    final = json.loads((tmp_path / "f.json").read_text())["reference"]["final-reference_final"]
+    assert final["verdict"] == "above" and final["ci95"][1] < 0.9 and final["margin"]["verdict"] == "below"
+    for bad, says in ((["margin=1.5", f"reference=[{','.join(refs)}]"], "margin: expected a success difference"),
+                      (["margin=0.05"], "margin: expected reference=.* runs to lead")):
+        with pytest.raises(ConfigError, match=says):
             main(compose("bench_runs", [f"runs=[{','.join(runs)}]", *bad, f"report_dir={tmp_path}"]))
     # a reference of another training seed, or on other episodes, is refused by name
     with pytest.raises(ConfigError, match="training seed 11"):

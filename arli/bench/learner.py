@@ -115,7 +115,7 @@ def rate(update, seconds: float, warmup: int, device: str = "cpu") -> float:
     """Updates per second of ``update()`` over about ``seconds`` (at least 10 calls) after
     ``warmup`` calls. On a GPU each block of 10 waits for its queued kernels, so a rate counts
     finished work, not launches."""
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.startswith("cuda") else (lambda: None)
     for _ in range(warmup):
         update()
     sync()
@@ -193,9 +193,10 @@ def main(cfg: BenchLearnerConfig) -> int:
     update_ms = 1000 / ours_rate
     rows = sweep(cfg, device, D, online, anchor)
     name = "learner" if on_cpu else "learner_cuda"
-    where = (f"{cfg.threads} CPU thread{'s' * (cfg.threads != 1)}" if on_cpu
-             else f"{device_name(device)}, replay sampled on the CPU")
-    payload = {"device": device, "device_name": device_name(device),
+    threads = f"{cfg.threads} CPU thread{'s' * (cfg.threads != 1)}"
+    where = threads if on_cpu else f"{device_name(device)}, replay sampled on the CPU with {threads}"
+    payload = {"device": device, "device_name": device_name(device), "torch": torch.__version__,
+               "cuda": torch.version.cuda,
                "updates_per_s": round(ours_rate, 1), "reference_updates_per_s": round(ref_rate, 1),
                "ratio": round(ours_rate / ref_rate, 2), "gflop_per_update": round(flops / 1e9, 3),
                "achieved_gflop_s": round(ours_rate * flops / 1e9, 1), "matmul_peak_gflop_s": round(peak, 1),
@@ -228,13 +229,15 @@ def main(cfg: BenchLearnerConfig) -> int:
            f"* Dispatch floor: the same update with 4-unit networks and batch 8 takes {floor_ms:.2f} ms: "
            "the cost of issuing its ~300 small PyTorch operations (forward, backward, two Adam steps, "
            "Polyak) from Python, whatever the sizes" + ("" if on_cpu else
-           ", with the batch's copy to the GPU and the loss read back each update") + ".\n"
+           ", with the batch's sampling on the CPU, its copy to the GPU and the losses read back each update "
+           "(one measurement, against the headline's best of 2)") + ".\n"
            f"* So about {floor_ms:.1f} ms is overhead and {max(update_ms - floor_ms, 0):.1f} ms compute at "
            f"{flops / 1e9 / max(update_ms - floor_ms, 1e-3) * 1000:.0f} GFLOP/s" +
            (", well below peak: 128-wide layers on a 256-row batch are too small for the 2-core BLAS to reach "
             "full speed.\n" if on_cpu else
-            ": at the default sizes a GPU update is launch-bound, so the sweep's bigger ensembles and batches "
-            "cost little more per update.\n"))
+            ": at the default sizes a GPU update is bound by per-update host work, so the sweep's bigger "
+            "ensembles and batches cost little more per update until the matmuls themselves grow (the sweep's "
+            "GFLOP are the model's count of matmul work, not a measurement).\n"))
     if on_cpu:
         md += ("* What was done: one batched ensemble (first layer of all heads as one matmul, second "
                "as one batched matmul), contiguous activations, target "

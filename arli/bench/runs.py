@@ -157,7 +157,7 @@ def paired_reference(cfg: BenchRunsConfig, evals: tuple, summaries: tuple) -> di
                                      [float(x) for x in ref.mean(1)], "verdict": verdict(ci)}
     if cfg.margin is not None:  # the deployed residual's lead over the control, judged by its interval
         final = out["final-reference_final"]
-        final["margin"] = {"difference": cfg.margin, "verdict": verdict(final["ci95"], cfg.margin)}
+        final["margin"] = {"threshold": cfg.margin, "verdict": verdict(final["ci95"], cfg.margin)}
     return out
 
 
@@ -251,7 +251,8 @@ def main(cfg: BenchRunsConfig) -> int:
                       f"{g['mean']:+.3f} | {g['ci95'][0]:+.3f} – {g['ci95'][1]:+.3f} | {g['verdict']} |")
         if cfg.margin is not None:
             g = reference["final-reference_final"]
-            md += ["", f"Margin: after RL ≥ the reference's after RL {cfg.margin:+g}, judged by the paired interval: "
+            md += ["", f"Margin: after RL above the reference's after RL {cfg.margin:+g}, judged by the paired interval "
+                   "(met when its lower end is above): "
                    f"**{g['margin']['verdict']}** ({g['ci95'][0]:+.3f} – {g['ci95'][1]:+.3f})."]
     if marks:
         md += ["", f"Learning curve on the tune episodes ({(s0.get('curve_eval') or {}).get('episodes', '?')} per "
