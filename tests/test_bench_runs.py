@@ -200,3 +200,23 @@ def test_runs_on_different_bases_are_neither_pooled_nor_paired(tmp_path):
     assert main(compose("bench_runs", [f"runs=[{a},{old}]", "name=mixed", f"report_dir={tmp_path}"])) == 0
     assert f"base `86ed350fefad` (not recorded by {old})." in (tmp_path / "mixed.md").read_text()
     assert json.loads((tmp_path / "mixed.json").read_text())["base_digests"] == ["86ed350fefad", None]
+
+
+def test_a_control_is_named_in_its_report_and_never_pooled_with_the_method(tmp_path):
+    """A run whose config says awr_weights=uniform (or q_weight=0) is the named control: its report
+    says so, a pairing names the reference's control, and mixing it with the method is refused."""
+    ctl = [_run(tmp_path / f"u{i}", 5, [1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]) for i in range(2)]
+    own = [_run(tmp_path / f"a{i}", 5, [1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]) for i in range(2)]
+    for d, seed in zip(ctl, (10, 11)):
+        (tmp_path / d / "config.yaml").write_text(f"run:\n  seed: {seed}\n  learner:\n    awr_weights: uniform\n")
+    for d, seed in zip(own, (10, 11)):
+        (tmp_path / d / "config.yaml").write_text(f"run:\n  seed: {seed}\n  learner:\n    awr_weights: advantage\n")
+    assert main(compose("bench_runs", [f"runs=[{','.join(ctl)}]", "name=c", f"report_dir={tmp_path}"])) == 0
+    assert json.loads((tmp_path / "c.json").read_text())["control"] == "uniform_control"
+    assert (tmp_path / "c.md").read_text().startswith("# c: `arli` (uniform_control) on")
+    assert main(compose("bench_runs", [f"runs=[{','.join(own)}]", f"reference=[{','.join(ctl)}]", "name=v",
+                                       f"report_dir={tmp_path}"])) == 0
+    assert json.loads((tmp_path / "v.json").read_text())["control"] is None
+    assert f"`[{', '.join(ctl)}]` (uniform_control)" in (tmp_path / "v.md").read_text()
+    with pytest.raises(ConfigError, match="mix learners.*uniform_control"):
+        main(compose("bench_runs", [f"runs=[{own[0]},{ctl[1]}]", f"report_dir={tmp_path}"]))

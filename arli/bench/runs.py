@@ -62,6 +62,18 @@ def demonstrations(run_dir: str) -> str | None:
     return None if run is None else str(run.get("demonstrations", "expert"))
 
 
+def control_of(run_dir: str) -> str | None:
+    """Which named control a run's learner is (the sweep's: ``uniform_control`` AWR with every
+    weight 1, ``bc_control`` the critic's influence off), or None for the method's own learner."""
+    run = saved_run(run_dir)
+    learner = {} if run is None else run.get("learner", {})
+    if learner.get("awr_weights") == "uniform":
+        return "uniform_control"
+    if learner.get("q_weight") == 0:
+        return "bc_control"
+    return None
+
+
 def curves(summaries: tuple) -> list[np.ndarray] | None:
     """Each run's learning curve on its tune episodes, ``(points, 2)`` = (env steps, success);
     None when a run saved no curve."""
@@ -169,6 +181,12 @@ def main(cfg: BenchRunsConfig) -> int:
                           f"({', '.join(f'{d}: {demonstrations(d)}' for d in cfg.runs)}); pool runs of one "
                           "setting, and compare settings with reference=[...]")
     (demo,) = demos
+    controls = {control_of(d) for d in cfg.runs}
+    if len(controls) > 1:
+        learners = ", ".join(f"{d}: {control_of(d) or s['variant']}" for d, s in zip(cfg.runs, summaries))
+        raise ConfigError(f"runs: they mix learners ({learners}); pool runs of one setting, and compare a control "
+                          "with reference=[...]")
+    (control,) = controls
     splits = {json.dumps(e["split"], sort_keys=True) for e in evals}
     if len(splits) != 1 or evals[0]["split"]["split"] != "test":
         raise ConfigError(f"runs: the runs must share one test split to be pooled, got {sorted(splits)}")
@@ -205,14 +223,14 @@ def main(cfg: BenchRunsConfig) -> int:
     s0 = summaries[0]
     runs_curves = curves(summaries)
     marks = budget_marks(runs_curves) if runs_curves else []
-    payload = {**{k: s0[k] for k in keys}, "env_steps": [s["env_steps"] for s in summaries],
+    payload = {**{k: s0[k] for k in keys}, "control": control, "env_steps": [s["env_steps"] for s in summaries],
                "eval": evals[0]["split"], "runs": list(cfg.runs), "seeds": len(cfg.runs), "cells": cells,
                "demonstrations": demo, "base_digests": list(bases.values()),
                "target": target, "gains": gains, "reference_runs": list(cfg.reference), "reference": reference,
                "end_guard": [s.get("end_guard") for s in summaries], "curve_eval": s0.get("curve_eval"),
                "curve_at_budget": marks,
                "wall_s": [s["wall_s"] for s in summaries], "machine": machine_info()}
-    md = [f"# {cfg.name}: `{s0['variant']}` on `{s0['env']}`, d = {s0['delay_steps']}, {len(cfg.runs)} training seeds",
+    md = [f"# {cfg.name}: `{s0['variant']}`{f' ({control})' if control else ''} on `{s0['env']}`, d = {s0['delay_steps']}, {len(cfg.runs)} training seeds",
           "", f"`arli bench runs 'runs=[{', '.join(cfg.runs)}]' "
           + (f"'reference=[{', '.join(cfg.reference)}]' " if cfg.reference else "")
           + (f"target={cfg.target:g} " if cfg.target is not None else "")
@@ -243,7 +261,10 @@ def main(cfg: BenchRunsConfig) -> int:
                    + (" -> start deployed" if g["reverted"] else " -> trained kept")
                    for d, g in zip(cfg.runs, payload["end_guard"]) if g) + "."]
     if reference:
-        md += ["", f"Against the reference runs `[{', '.join(cfg.reference)}]` (the same training seeds and test "
+        ref_control = {control_of(d) for d in cfg.reference}
+        md += ["", f"Against the reference runs `[{', '.join(cfg.reference)}]`"
+               + (f" ({', '.join(sorted(c for c in ref_control if c))})" if any(ref_control) else "")
+               + " (the same training seeds and test "
                "episodes, paired):", "", "| difference | reference | mean | 95% CI | verdict vs 0 |",
                "|---|---:|---:|---:|---|"]
         for k, g in reference.items():
