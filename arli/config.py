@@ -625,6 +625,8 @@ class BenchLearnerConfig:
     # [batch, critic heads, critic hidden] of each row of the size sweep (the default learner otherwise)
     shapes: list[list[int]] = field(default_factory=lambda: [[256, 4, 128], [1024, 4, 128], [256, 10, 256],
                                                              [1024, 10, 256], [4096, 10, 512]])
+    # rewrite <report_dir>/learner[_cuda].md from its committed JSON, measure nothing
+    report_only: bool = False
     json: bool = False
     report_dir: str = "reports"
 
@@ -632,6 +634,9 @@ class BenchLearnerConfig:
         _positive(self, "obs_dim", "action_dim", "chunk_size", "threads")
         require(self.seconds > 0, "seconds", "> 0", self.seconds)
         check_device(self.device)
+        require(not self.report_only or self.device != "auto", "device",
+                "cpu or cuda[:i] with report_only=true (which report to rewrite: learner or learner_cuda)",
+                self.device)
         require(all(len(s) == 3 and all(isinstance(v, int) and v >= 1 for v in s) for s in self.shapes), "shapes",
                 "a list of [batch, critic heads, critic hidden], each an integer >= 1", self.shapes)
         require(all(s[1] >= 2 for s in self.shapes), "shapes", "critic heads >= 2 (the target's min is over 2)",

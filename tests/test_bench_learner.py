@@ -79,3 +79,40 @@ def test_bench_learner_on_cuda_writes_its_own_report(tmp_path):
     report = json.loads((tmp_path / "learner_cuda.json").read_text())
     assert report["device"] == "cuda" and report["updates_per_s"] > 0 and report["sweep"][0]["updates_per_s"] > 0
     assert not (tmp_path / "learner.json").exists()
+
+
+def _cuda_payload() -> dict:
+    return {"device": "cuda", "device_name": "NVIDIA H200", "updates_per_s": 215.9, "reference_updates_per_s": 125.1,
+            "ratio": 1.73, "gflop_per_update": 0.316, "achieved_gflop_s": 68.3, "matmul_peak_gflop_s": 51041.4,
+            "dispatch_floor_ms": 4.14, "update_ms": 4.63, "state_dim": 127, "batch_size": 256, "critic_heads": 4,
+            "critic_hidden": 128, "actor_hidden": 128, "threads": 2,
+            "sweep": [{"batch_size": 1024, "critic_heads": 10, "critic_hidden": 256, "updates_per_s": 178.5,
+                       "update_ms": 5.6, "gflop_per_update": 3.1, "achieved_gflop_s": 553.0}]}
+
+
+def test_report_only_rewrites_the_markdown_from_the_committed_json(tmp_path):
+    """A GPU report can be re-rendered on a machine without one: the Markdown is a function of
+    the JSON alone, the JSON is left as it was, and nothing is measured."""
+    from arli.bench.learner import main
+    from arli.cli import compose
+
+    (tmp_path / "learner_cuda.json").write_text(json.dumps(_cuda_payload(), indent=1))
+    before = (tmp_path / "learner_cuda.json").read_text()
+    assert main(compose("bench_learner", ["report_only=true", "device=cuda", f"report_dir={tmp_path}"])) == 0
+    md = (tmp_path / "learner_cuda.md").read_text()
+    assert md.startswith("# Learner update speed on NVIDIA H200")
+    assert "| ours (default `LearnerConfig`) | 215.9 |" in md and "| 1024 | 10 x 256 | 178.5 |" in md
+    assert "per-update host work" in md and "Target >= 150" not in md  # the CPU target is not a GPU's
+    assert json.loads((tmp_path / "learner_cuda.json").read_text()) == json.loads(before)
+    assert not (tmp_path / "learner.md").exists()  # the CPU report is never touched by a GPU one
+
+
+def test_report_only_without_a_report_or_with_device_auto_is_refused(tmp_path):
+    from arli.bench.learner import main
+    from arli.cli import compose
+    from arli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"report_only: no report at .*learner_cuda.json.*device=cuda"):
+        main(compose("bench_learner", ["report_only=true", "device=cuda", f"report_dir={tmp_path}"]))
+    with pytest.raises(ConfigError, match=r"device.*cpu or cuda\[:i\] with report_only=true"):
+        compose("bench_learner", ["report_only=true", "device=auto"])

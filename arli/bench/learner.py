@@ -13,6 +13,8 @@ parameter — what one writes first.
 from __future__ import annotations
 
 import copy
+import json
+import os
 import time
 
 import numpy as np
@@ -23,6 +25,7 @@ from arli.augment import StateBuilder
 from arli.bench.common import cpu_model, machine_info, print_last_line_json, write_report
 from arli.compute import resolve_device
 from arli.config import BenchLearnerConfig
+from arli.errors import ConfigError
 from arli.policies.residual import ResidualActor, compose_action
 from arli.rl.config import LearnerConfig
 from arli.rl.learner import ResidualLearner, anchor_term
@@ -169,10 +172,15 @@ def device_name(device: str) -> str:
     return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else cpu_model()
 
 
-def main(cfg: BenchLearnerConfig) -> int:
+def report_name(device: str) -> str:
+    """``learner`` for the CPU report, ``learner_cuda`` for a GPU's (never overwriting the CPU one)."""
+    return "learner" if device == "cpu" else "learner_cuda"
+
+
+def measure(cfg: BenchLearnerConfig) -> dict:
+    """Run the measurements; the report's JSON payload (everything ``report_md`` needs)."""
     torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
-    on_cpu = device == "cpu"
     learner_cfg = LearnerConfig(critic_warmup_updates=0)  # measure the full update, actor included
     D = StateBuilder("arli", cfg.obs_dim, cfg.action_dim, cfg.chunk_size).dim
     online, anchor = filled_buffers(D, cfg.action_dim, 20_000, cfg.seed)
@@ -190,38 +198,52 @@ def main(cfg: BenchLearnerConfig) -> int:
     floor_ms = 1000 / rate(lambda: tiny.update(online, anchor), cfg.seconds, 20, device)
     peak = matmul_peak_gflops(device)
     flops = update_flops(learner_cfg, D, cfg.action_dim)
-    update_ms = 1000 / ours_rate
-    rows = sweep(cfg, device, D, online, anchor)
-    name = "learner" if on_cpu else "learner_cuda"
-    threads = f"{cfg.threads} CPU thread{'s' * (cfg.threads != 1)}"
-    where = threads if on_cpu else f"{device_name(device)}, replay sampled on the CPU with {threads}"
     payload = {"device": device, "device_name": device_name(device), "torch": torch.__version__,
                "cuda": torch.version.cuda,
+               "command": "arli bench learner --json" + ("" if device == "cpu" else f" device={cfg.device}"),
+               "seconds": cfg.seconds,
                "updates_per_s": round(ours_rate, 1), "reference_updates_per_s": round(ref_rate, 1),
                "ratio": round(ours_rate / ref_rate, 2), "gflop_per_update": round(flops / 1e9, 3),
                "achieved_gflop_s": round(ours_rate * flops / 1e9, 1), "matmul_peak_gflop_s": round(peak, 1),
-               "dispatch_floor_ms": round(floor_ms, 2), "update_ms": round(update_ms, 2), "state_dim": D,
+               "dispatch_floor_ms": round(floor_ms, 2), "update_ms": round(1000 / ours_rate, 2), "state_dim": D,
                "batch_size": learner_cfg.batch_size, "critic_heads": learner_cfg.critic_heads,
                "critic_hidden": learner_cfg.critic_hidden, "actor_hidden": learner_cfg.hidden,
-               "threads": cfg.threads, "sweep": rows, "machine": machine_info()}
-    if on_cpu:
+               "policy_delay": learner_cfg.policy_delay, "threads": cfg.threads,
+               "sweep": sweep(cfg, device, D, online, anchor), "machine": machine_info()}
+    if device == "cpu":
         payload["target_updates_per_s"] = 150
-    command = "arli bench learner --json" + ("" if on_cpu else f" device={cfg.device}")
-    md = (f"# Learner update speed{'' if on_cpu else ' on ' + device_name(device)}\n\n"
-          f"Command: `{command}` ({where}, best of 2 interleaved {cfg.seconds:g} s measurements)\n\n"
+    return payload
+
+
+def report_md(p: dict, action_dim: int) -> str:
+    """The Markdown report, from the JSON payload alone (so ``report_only`` rewrites it from a
+    committed JSON). Reports written before ``command``/``seconds``/``policy_delay`` were
+    recorded read the defaults those runs had."""
+    device = p.get("device", "cpu")
+    on_cpu = device == "cpu"
+    command = p.get("command", "arli bench learner --json" + ("" if on_cpu else f" device={device}"))
+    threads = f"{p['threads']} CPU thread{'s' * (p['threads'] != 1)}"
+    where = threads if on_cpu else f"{p['device_name']}, replay sampled on the CPU with {threads}"
+    ours_rate, ref_rate, floor_ms = p["updates_per_s"], p["reference_updates_per_s"], p["dispatch_floor_ms"]
+    update_ms, flops, peak = p["update_ms"], p["gflop_per_update"] * 1e9, p["matmul_peak_gflop_s"]
+    md = (f"# Learner update speed{'' if on_cpu else ' on ' + p['device_name']}\n\n"
+          f"Command: `{command}` ({where}, best of 2 interleaved {p.get('seconds', 5.0):g} s measurements)\n\n"
           f"| learner | updates/s |\n|---|---:|\n| ours (default `LearnerConfig`) | {ours_rate:.1f} |\n"
           f"| reference (CleanRL-style, same math) | {ref_rate:.1f} |\n| ratio | {ours_rate / ref_rate:.2f}x |\n\n"
-          f"Shapes: state {D}, action {cfg.action_dim}, batch {learner_cfg.batch_size}, "
-          f"{learner_cfg.critic_heads} critic heads x {learner_cfg.critic_hidden} hidden, actor "
-          f"{learner_cfg.hidden} hidden, actor step every {learner_cfg.policy_delay} updates.\n\n")
+          f"Shapes: state {p['state_dim']}, action {action_dim}, batch {p['batch_size']}, "
+          f"{p['critic_heads']} critic heads x {p['critic_hidden']} hidden, actor "
+          f"{p['actor_hidden']} hidden, actor step every {p.get('policy_delay', LearnerConfig.policy_delay)} "
+          "updates.\n\n")
     if on_cpu:
         md += f"Target >= 150 updates/s: **{'met' if ours_rate >= 150 else 'NOT met'}** ({ours_rate:.0f}).\n\n"
-    md += ("## Bigger critics and batches\n\nThe default learner with other sizes (one measurement each; "
-           "the actor stays 128 wide):\n\n| batch | critic heads x hidden | updates/s | ms/update | "
-           "GFLOP/update | GFLOP/s |\n|---:|---|---:|---:|---:|---:|\n")
-    md += "".join(f"| {r['batch_size']} | {r['critic_heads']} x {r['critic_hidden']} | {r['updates_per_s']:.1f} | "
-                  f"{r['update_ms']:.2f} | {r['gflop_per_update']:.3f} | {r['achieved_gflop_s']:.0f} |\n" for r in rows)
-    md += ("\n## What bounds it\n\n"
+    if p.get("sweep"):
+        md += ("## Bigger critics and batches\n\nThe default learner with other sizes (one measurement each; "
+               "the actor stays 128 wide):\n\n| batch | critic heads x hidden | updates/s | ms/update | "
+               "GFLOP/update | GFLOP/s |\n|---:|---|---:|---:|---:|---:|\n")
+        md += "".join(f"| {r['batch_size']} | {r['critic_heads']} x {r['critic_hidden']} | "
+                      f"{r['updates_per_s']:.1f} | {r['update_ms']:.2f} | {r['gflop_per_update']:.3f} | "
+                      f"{r['achieved_gflop_s']:.0f} |\n" for r in p["sweep"]) + "\n"
+    md += ("## What bounds it\n\n"
            f"* One update takes {update_ms:.2f} ms.\n"
            f"* Matmul work: {flops / 1e9:.3f} GFLOP per update; at this device's dense float32 matmul peak "
            f"({peak:.0f} GFLOP/s, {'1024x1024' if on_cpu else '8192x8192'}) that is "
@@ -251,10 +273,25 @@ def main(cfg: BenchLearnerConfig) -> int:
                "45 s compile), fused CPU Adam (slower), evaluating all target heads instead of indexing the "
                "pair (slower). This VM's speed drifts (steal time up to a third of the machine's CPU time): the "
                "same learner moves between about 113 and 171 updates/s from one minute to the next.\n")
+    return md
+
+
+def main(cfg: BenchLearnerConfig) -> int:
+    if cfg.report_only:
+        path = os.path.join(cfg.report_dir, f"{report_name('cpu' if cfg.device == 'cpu' else 'cuda')}.json")
+        if not os.path.exists(path):
+            raise ConfigError(f"report_only: no report at {path} to rewrite; run `arli bench learner"
+                              f"{'' if cfg.device == 'cpu' else ' device=' + cfg.device}` to measure one")
+        with open(path, encoding="utf-8") as fh:
+            payload = json.load(fh)
+    else:
+        payload = measure(cfg)
+    md = report_md(payload, cfg.action_dim)
     if cfg.report_dir:
-        write_report(cfg.report_dir, name, payload, md)
+        write_report(cfg.report_dir, report_name(payload.get("device", "cpu")), payload, md)
     if cfg.json:
-        print_last_line_json({k: payload[k] for k in ("device", "updates_per_s", "reference_updates_per_s", "ratio")})
+        print_last_line_json({"device": payload.get("device", "cpu"),
+                              **{k: payload[k] for k in ("updates_per_s", "reference_updates_per_s", "ratio")}})
     else:
         print(md)
     return 0
