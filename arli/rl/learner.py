@@ -234,21 +234,10 @@ class ResidualLearner:
         loss = loss + self.anchor_weight() * bc
         if cfg.q_weight > 0:
             loss = loss - cfg.q_weight * (q_pi / q_pi.abs().mean().detach().clamp(min=1e-3)).mean()
-        loss = loss + self._start_term(b["state"], r)
-        if not torch.isfinite(loss):
-            raise LearnerDiverged(f"actor loss is not finite at update {self.updates}")
-        self.actor_opt.zero_grad()
-        loss.backward()
-        grad_norm = self._clip(self.actor_flat, diagnostics)
-        stats = {"actor_loss": loss.item(), "anchor_bc": bc.item(),
-                 "anchor_kept": (weight.sum() / b["is_anchor"].sum().clamp(min=1)).item()}
-        if diagnostics:
-            stats["actor_grad_norm"] = grad_norm
-            stats["residual_abs"] = (cfg.residual_scale * r.detach()).abs().mean().item()
-            if q_pi is not None:
-                stats["q_pi"] = q_pi.detach().mean().item()
-        self.actor_opt.step()
-        return stats
+        stats = {"anchor_bc": bc.item(), "anchor_kept": (weight.sum() / b["is_anchor"].sum().clamp(min=1)).item()}
+        if diagnostics and q_pi is not None:
+            stats["q_pi"] = q_pi.detach().mean().item()
+        return self._actor_apply(loss + self._start_term(b["state"], r), r, stats, diagnostics)
 
     def _awr_step(self, b: dict[str, torch.Tensor], target: torch.Tensor, diagnostics: bool) -> dict[str, float]:
         """Advantage-weighted regression onto the data's own actions (online and anchor rows):
@@ -359,7 +348,13 @@ class ResidualLearner:
         weight = weight * (1 - b["is_anchor"] + self.anchor_weight() * b["is_anchor"])
         stats["weight_online"] = ((weight * (1 - b["is_anchor"])).sum() / weight.sum().clamp(min=1e-6)).item()
         loss = (((r - target) ** 2).sum(-1) * weight).sum() / weight.sum().clamp(min=1.0)
-        loss = loss + self._start_term(b["state"], r)
+        return self._actor_apply(loss + self._start_term(b["state"], r), r, stats, diagnostics)
+
+    def _actor_apply(self, loss: torch.Tensor, r: torch.Tensor, stats: dict[str, float],
+                     diagnostics: bool) -> dict[str, float]:
+        """One actor optimiser step on ``loss`` (a finite scalar, else the run stops), with the
+        gradient clipped; adds the loss (and with ``diagnostics`` the pre-clip gradient norm and
+        the mean |residual| of the batch's r (B, m) in action units) to ``stats``."""
         if not torch.isfinite(loss):
             raise LearnerDiverged(f"actor loss is not finite at update {self.updates}")
         self.actor_opt.zero_grad()
