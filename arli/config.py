@@ -637,6 +637,8 @@ class BenchLearnerConfig:
         require(not self.report_only or self.device != "auto", "device",
                 "cpu or cuda[:i] with report_only=true (which report to rewrite: learner or learner_cuda)",
                 self.device)
+        require(not self.report_only or bool(self.report_dir), "report_dir",
+                "the folder holding the report to rewrite with report_only=true", self.report_dir)
         require(all(len(s) == 3 and all(isinstance(v, int) and v >= 1 for v in s) for s in self.shapes), "shapes",
                 "a list of [batch, critic heads, critic hidden], each an integer >= 1", self.shapes)
         require(all(s[1] >= 2 for s in self.shapes), "shapes", "critic heads >= 2 (the target's min is over 2)",

@@ -103,8 +103,27 @@ def test_report_only_rewrites_the_markdown_from_the_committed_json(tmp_path):
     assert md.startswith("# Learner update speed on NVIDIA H200")
     assert "| ours (default `LearnerConfig`) | 215.9 |" in md and "| 1024 | 10 x 256 | 178.5 |" in md
     assert "per-update host work" in md and "Target >= 150" not in md  # the CPU target is not a GPU's
-    assert json.loads((tmp_path / "learner_cuda.json").read_text()) == json.loads(before)
+    assert (tmp_path / "learner_cuda.json").read_text() == before  # byte for byte
     assert not (tmp_path / "learner.md").exists()  # the CPU report is never touched by a GPU one
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_report_only_reads_reports_written_before_the_newer_keys(tmp_path, device):
+    """A report from before ``device``, ``device_name``, ``sweep`` and ``command`` were recorded
+    (as the committed CPU one): the file the device names is rewritten, under its own title,
+    without a sweep table, and no other report appears."""
+    from arli.bench.learner import main, report_name
+    from arli.cli import compose
+
+    old = {k: v for k, v in _cuda_payload().items() if k not in ("device", "device_name", "sweep")}
+    name = report_name(device)
+    (tmp_path / f"{name}.json").write_text(json.dumps(old))
+    assert main(compose("bench_learner", ["report_only=true", f"device={device}", f"report_dir={tmp_path}"])) == 0
+    md = (tmp_path / f"{name}.md").read_text()
+    assert md.startswith("# Learner update speed\n" if device == "cpu" else "# Learner update speed on cuda\n")
+    assert ("Target >= 150" in md) == (device == "cpu") and "Bigger critics" not in md and "the sweep" not in md
+    assert "| ratio | 1.73x |" in md  # the recorded ratio, not one re-derived from rounded rates
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{name}.json", f"{name}.md"]
 
 
 def test_report_only_without_a_report_or_with_device_auto_is_refused(tmp_path):
@@ -116,3 +135,5 @@ def test_report_only_without_a_report_or_with_device_auto_is_refused(tmp_path):
         main(compose("bench_learner", ["report_only=true", "device=cuda", f"report_dir={tmp_path}"]))
     with pytest.raises(ConfigError, match=r"device.*cpu or cuda\[:i\] with report_only=true"):
         compose("bench_learner", ["report_only=true", "device=auto"])
+    with pytest.raises(ConfigError, match=r"report_dir.*the folder holding the report"):
+        compose("bench_learner", ["report_only=true", "report_dir="])

@@ -205,7 +205,9 @@ def measure(cfg: BenchLearnerConfig) -> dict:
                "updates_per_s": round(ours_rate, 1), "reference_updates_per_s": round(ref_rate, 1),
                "ratio": round(ours_rate / ref_rate, 2), "gflop_per_update": round(flops / 1e9, 3),
                "achieved_gflop_s": round(ours_rate * flops / 1e9, 1), "matmul_peak_gflop_s": round(peak, 1),
-               "dispatch_floor_ms": round(floor_ms, 2), "update_ms": round(1000 / ours_rate, 2), "state_dim": D,
+               "dispatch_floor_ms": round(floor_ms, 2), "update_ms": round(1000 / ours_rate, 2),
+               "compute_gflop_s": round(flops / 1e9 / max(1000 / ours_rate - floor_ms, 1e-3) * 1000, 1),
+               "state_dim": D, "action_dim": cfg.action_dim,
                "batch_size": learner_cfg.batch_size, "critic_heads": learner_cfg.critic_heads,
                "critic_hidden": learner_cfg.critic_hidden, "actor_hidden": learner_cfg.hidden,
                "policy_delay": learner_cfg.policy_delay, "threads": cfg.threads,
@@ -215,22 +217,25 @@ def measure(cfg: BenchLearnerConfig) -> dict:
     return payload
 
 
-def report_md(p: dict, action_dim: int) -> str:
+def report_md(p: dict) -> str:
     """The Markdown report, from the JSON payload alone (so ``report_only`` rewrites it from a
-    committed JSON). Reports written before ``command``/``seconds``/``policy_delay`` were
-    recorded read the defaults those runs had."""
-    device = p.get("device", "cpu")
+    committed JSON). Keys that reports written earlier lack read the defaults those runs had."""
+    device = p["device"]
     on_cpu = device == "cpu"
     command = p.get("command", "arli bench learner --json" + ("" if on_cpu else f" device={device}"))
+    name = p.get("device_name", device)
     threads = f"{p['threads']} CPU thread{'s' * (p['threads'] != 1)}"
-    where = threads if on_cpu else f"{p['device_name']}, replay sampled on the CPU with {threads}"
+    where = threads if on_cpu else f"{name}, replay sampled on the CPU with {threads}"
     ours_rate, ref_rate, floor_ms = p["updates_per_s"], p["reference_updates_per_s"], p["dispatch_floor_ms"]
     update_ms, flops, peak = p["update_ms"], p["gflop_per_update"] * 1e9, p["matmul_peak_gflop_s"]
-    md = (f"# Learner update speed{'' if on_cpu else ' on ' + p['device_name']}\n\n"
-          f"Command: `{command}` ({where}, best of 2 interleaved {p.get('seconds', 5.0):g} s measurements)\n\n"
+    compute = p.get("compute_gflop_s", flops / 1e9 / max(update_ms - floor_ms, 1e-3) * 1000)
+    seconds = p.get("seconds", BenchLearnerConfig.seconds)
+    md = (f"# Learner update speed{'' if on_cpu else ' on ' + name}\n\n"
+          f"Command: `{command}` ({where}, best of 2 interleaved {seconds:g} s measurements)\n\n"
           f"| learner | updates/s |\n|---|---:|\n| ours (default `LearnerConfig`) | {ours_rate:.1f} |\n"
-          f"| reference (CleanRL-style, same math) | {ref_rate:.1f} |\n| ratio | {ours_rate / ref_rate:.2f}x |\n\n"
-          f"Shapes: state {p['state_dim']}, action {action_dim}, batch {p['batch_size']}, "
+          f"| reference (CleanRL-style, same math) | {ref_rate:.1f} |\n| ratio | {p['ratio']:.2f}x |\n\n"
+          f"Shapes: state {p['state_dim']}, action {p.get('action_dim', BenchLearnerConfig.action_dim)}, "
+          f"batch {p['batch_size']}, "
           f"{p['critic_heads']} critic heads x {p['critic_hidden']} hidden, actor "
           f"{p['actor_hidden']} hidden, actor step every {p.get('policy_delay', LearnerConfig.policy_delay)} "
           "updates.\n\n")
@@ -254,12 +259,13 @@ def report_md(p: dict, action_dim: int) -> str:
            ", with the batch's sampling on the CPU, its copy to the GPU and the losses read back each update "
            "(one measurement, against the headline's best of 2)") + ".\n"
            f"* So about {floor_ms:.1f} ms is overhead and {max(update_ms - floor_ms, 0):.1f} ms compute at "
-           f"{flops / 1e9 / max(update_ms - floor_ms, 1e-3) * 1000:.0f} GFLOP/s" +
+           f"{compute:.0f} GFLOP/s" +
            (", well below peak: 128-wide layers on a 256-row batch are too small for the 2-core BLAS to reach "
             "full speed.\n" if on_cpu else
-            ": at the default sizes a GPU update is bound by per-update host work, so the sweep's bigger "
-            "ensembles and batches cost little more per update until the matmuls themselves grow (the sweep's "
-            "GFLOP are the model's count of matmul work, not a measurement).\n"))
+            ": at the default sizes a GPU update is bound by per-update host work" + (
+                ", so the sweep's bigger ensembles and batches cost little more per update until the matmuls "
+                "themselves grow (the sweep's GFLOP are the model's count of matmul work, not a measurement)"
+                if p.get("sweep") else "") + ".\n"))
     if on_cpu:
         md += ("* What was done: one batched ensemble (first layer of all heads as one matmul, second "
                "as one batched matmul), contiguous activations, target "
@@ -277,21 +283,24 @@ def report_md(p: dict, action_dim: int) -> str:
 
 
 def main(cfg: BenchLearnerConfig) -> int:
-    if cfg.report_only:
-        path = os.path.join(cfg.report_dir, f"{report_name('cpu' if cfg.device == 'cpu' else 'cuda')}.json")
+    if cfg.report_only:  # rewrite the Markdown only: the JSON stays byte for byte as measured
+        path = os.path.join(cfg.report_dir, f"{report_name(cfg.device)}.json")
         if not os.path.exists(path):
             raise ConfigError(f"report_only: no report at {path} to rewrite; run `arli bench learner"
                               f"{'' if cfg.device == 'cpu' else ' device=' + cfg.device}` to measure one")
         with open(path, encoding="utf-8") as fh:
             payload = json.load(fh)
+        payload.setdefault("device", cfg.device)  # reports written before the key: the file says which
+        md = report_md(payload)
+        with open(path[: -len(".json")] + ".md", "w", encoding="utf-8") as fh:
+            fh.write(md)
     else:
         payload = measure(cfg)
-    md = report_md(payload, cfg.action_dim)
-    if cfg.report_dir:
-        write_report(cfg.report_dir, report_name(payload.get("device", "cpu")), payload, md)
+        md = report_md(payload)
+        if cfg.report_dir:
+            write_report(cfg.report_dir, report_name(payload["device"]), payload, md)
     if cfg.json:
-        print_last_line_json({"device": payload.get("device", "cpu"),
-                              **{k: payload[k] for k in ("updates_per_s", "reference_updates_per_s", "ratio")}})
+        print_last_line_json({k: payload[k] for k in ("device", "updates_per_s", "reference_updates_per_s", "ratio")})
     else:
         print(md)
     return 0
