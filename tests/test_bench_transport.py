@@ -73,10 +73,13 @@ def test_each_round_trip_is_split_in_order_over_real_sockets(tmp_path):
     parts = np.asarray(client.parts)
     assert parts.shape == (20, 4)
     np.testing.assert_allclose(parts[:, :3].sum(axis=1), took, rtol=0, atol=1e-6)
-    assert (parts[:, 1] >= 3e-3).all()  # the wait, not the send or the receive, holds the compute
+    # the compute lies between the send's start and the reply's arrival, always; a client
+    # descheduled right after its send returns can see part of it land in the send
+    assert (parts[:, 0] + parts[:, 1] >= 3e-3).all()
+    assert np.median(parts[:, 1]) >= 3e-3  # the wait, not the send or the receive, holds the compute
     # medians: one send or receive can meet a slow spell of a loaded VM
     assert np.median(parts[:, 0]) < 1e-3 and np.median(parts[:, 2]) < 1e-3
-    assert ((parts[:, 3] > 0) & (parts[:, 3] < parts[:, 1])).all()
+    assert ((parts[:, 3] > 0) & (parts[:, 3] < parts[:, 0] + parts[:, 1])).all()
 
 
 @pytest.mark.slow
