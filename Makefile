@@ -24,7 +24,7 @@ demo: setup
 # the main job's path at a tiny budget on the scripted expert's chunks (no base pretraining)
 smoke: setup
 	$(VENV)/bin/arli finetune env=pick_cube checkpoint=expert run.env_steps=3000 run.anchor_episodes=4 \
-		run.eval_every=1500 run.eval_episodes=10 run.test_episodes=50 run.learn_after=300 \
+		run.eval_every=1500 run.eval_episodes=10 run.guard_episodes=10 run.test_episodes=50 run.learn_after=300 \
 		run.learner.pretrain_updates=200 output_dir=outputs/smoke
 
 test: setup

@@ -177,7 +177,7 @@ class Finetuner:
         """Do no harm before RL starts: the anchored start and the base alone on the tune
         episodes (paired seeds); a start below the base is dropped, so RL starts from the
         zero residual (the base) instead of from a start that is already worse."""
-        episodes = self.spec.eval_episodes
+        episodes = self.spec.guard_count()
         base = self.evaluate(episodes, residual=False)["success"]
         start = self.evaluate(episodes)["success"]
         reverted = start < base
@@ -187,25 +187,34 @@ class Finetuner:
 
     def guard_end(self) -> dict:
         """Do no harm after RL: the finetuned residual against the one RL started from (the
-        anchored start, or the zero residual where the start guard dropped it) on the curve's
-        tune episodes, paired seeds: the curve's first and last points where they are at 0 and
-        at this step, else evaluated now. A finetuned residual below its start is dropped and
-        the start deployed (its weights are ``learner.actor_start``)."""
-        episodes, history = self.spec.eval_episodes, self.history
+        anchored start, or the zero residual where the start guard dropped it) on the guard's
+        tune episodes, paired seeds; the curve's first and last points (at 0 and at this step)
+        are their first ``eval_episodes`` and are reused. A finetuned residual below its start
+        is dropped and the start deployed (its weights are ``learner.actor_start``)."""
+        history = self.history
         first = history[0] if history and history[0]["env_steps"] == 0 else None
         last = history[-1] if history and history[-1]["env_steps"] == self.env_steps else None
-        trained = last["success"] if last else self.evaluate(episodes)["success"]
-        if first is None:
-            kept = copy.deepcopy(self.learner.actor.state_dict())
-            self.learner.actor.load_state_dict(self.learner.actor_start.state_dict())
-            start = self.evaluate(episodes)["success"]
-            self.learner.actor.load_state_dict(kept)
-        else:
-            start = first["success"]
+        trained = self._guard_success(last)
+        kept = copy.deepcopy(self.learner.actor.state_dict())
+        self.learner.actor.load_state_dict(self.learner.actor_start.state_dict())
+        start = self._guard_success(first)
+        self.learner.actor.load_state_dict(kept)
         reverted = trained < start
         if reverted:
             self.learner.revert_to_start()
-        return {"split": "tune", "episodes": episodes, "start": start, "trained": trained, "reverted": reverted}
+        return {"split": "tune", "episodes": self.spec.guard_count(), "start": start, "trained": trained,
+                "reverted": reverted}
+
+    def _guard_success(self, point: dict | None) -> float:
+        """The acting residual's success on the guard's tune episodes; ``point``, a curve point
+        of these weights, holds the first ``eval_episodes`` of them, so only the rest run."""
+        n, k = self.spec.guard_count(), self.spec.eval_episodes
+        if point is None or k > n:
+            return self.evaluate(n)["success"]
+        if k == n:
+            return point["success"]
+        rest = self.evaluate(n - k, seed=self.spec.tune_seed + k)["success"]
+        return (point["success"] * k + rest * (n - k)) / n
 
     # -- training ------------------------------------------------------------------------
     def train(self, env_steps: int | None = None, writer=None, progress: bool = True,

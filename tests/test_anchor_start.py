@@ -17,7 +17,7 @@ TINY = LearnerConfig(batch_size=32, hidden=32, critic_hidden=32, critic_heads=2,
 
 
 def _prepared(learner: LearnerConfig) -> Finetuner:
-    spec = RunSpec(env_steps=100, anchor_episodes=2, eval_episodes=1, seed=3, learner=learner)
+    spec = RunSpec(env_steps=100, anchor_episodes=2, eval_episodes=1, guard_episodes=1, seed=3, learner=learner)
     ft = Finetuner(spec, make_env("pick_cube", max_episode_steps=40), ExpertChunkPolicy("pick_cube", 16),
                    EXPERTS["pick_cube"], FixedLatency(0.2))
     ft.prepare()

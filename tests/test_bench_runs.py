@@ -63,7 +63,7 @@ def test_the_trained_residual_is_pooled_next_to_the_deployed_one(tmp_path):
     assert report["gains"]["final-trained"]["mean"] == 0.25 and report["gains"]["trained-start"]["mean"] == -0.125
     assert [g["reverted"] for g in report["end_guard"]] == [True, False]
     md = (tmp_path / "guarded.md").read_text()
-    assert "as trained (before the end guard)" in md and "0.90 vs 0.80 -> start deployed" in md
+    assert "as trained (before the end guard)" in md and "0.90 vs 0.80 on 30 -> start deployed" in md
     # a run without the trained outcomes (made before the guard): no trained cell for the pool
     c = _run(tmp_path / "c", 5, [1, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0])
     assert main(compose("bench_runs", [f"runs=[{a},{c}]", "name=mixed", f"report_dir={tmp_path}"])) == 0
@@ -150,6 +150,11 @@ def test_a_reference_setting_is_paired_by_training_seed_and_episode(tmp_path):
         main(compose("bench_runs", [f"runs=[{runs[0]}]", f"reference=[{other}]", f"report_dir={tmp_path}"]))
     with pytest.raises(ConfigError, match="one reference run per run"):
         main(compose("bench_runs", [f"runs=[{','.join(runs)}]", f"reference=[{refs[0]}]", f"report_dir={tmp_path}"]))
+    # a reference whose base alone succeeded elsewhere ran another base, recorded or not: refused
+    moved = _run(tmp_path / "rd", 5, [0, 0, 0, 0], [1, 0, 0, 0], [0, 1, 0, 0])
+    (tmp_path / "rd" / "config.yaml").write_text("run:\n  seed: 10\n")
+    with pytest.raises(ConfigError, match=r"base alone succeeded on other test episodes .*\(1 of 4 differ\)"):
+        main(compose("bench_runs", [f"runs=[{runs[0]}]", f"reference=[{moved}]", f"report_dir={tmp_path}"]))
 
 
 def test_runs_of_different_demonstrators_are_not_pooled(tmp_path):

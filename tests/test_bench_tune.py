@@ -175,7 +175,7 @@ def test_runs_without_a_checkpoint_or_unfinished_and_test_seeds_are_refused(tmp_
     with pytest.raises(ConfigError, match=r"runs: .*missing config.yaml"):
         main(compose("bench_tune", [f"runs=[{ref},{tmp_path}]", f"report_dir={tmp_path}"]), evaluate=_never)
     # 100 episodes from the tune seed 10000 would reach test seeds from 10050: refused, never evaluated
-    near = [_fake_run(tmp_path / f"near{i}", "run.test_seed=10050") for i in range(2)]
+    near = [_fake_run(tmp_path / f"near{i}", "run.test_seed=10050", "run.guard_episodes=30") for i in range(2)]
     with pytest.raises(ConfigError, match=r"episodes: .*reach the test seeds .*pass episodes<=50"):
         main(compose("bench_tune", [f"runs=[{near[0]},{near[1]}]", "episodes=100", f"report_dir={tmp_path}"]),
              evaluate=_never)
@@ -191,7 +191,7 @@ def _tiny_real_run(path, *overrides):
     from arli.runs import make_finetuner
 
     cfg = compose("finetune", ["env=pick_cube", "checkpoint=expert", "delay_steps=4", "env.max_episode_steps=30",
-                               "run.anchor_episodes=1", "run.eval_episodes=2", "run.learner.pretrain_updates=5",
+                               "run.anchor_episodes=1", "run.eval_episodes=2", "run.guard_episodes=2", "run.learner.pretrain_updates=5",
                                "run.learner.hidden=16", "run.learner.critic_hidden=16", "run.learner.batch_size=16",
                                "run.learner.critic_heads=2", f"output_dir={path}", *overrides])
     ft, _, _ = make_finetuner(cfg)

@@ -40,6 +40,8 @@ def test_defaults_and_overrides():
     ("record", "run.learner.tau=0", "run.learner.tau"),
     ("learner", "run.env_steps=0", "run.env_steps"),
     ("finetune", "run.test_seed=10010", "run.test_seed"),  # overlaps the tune seeds 10000..10029
+    ("finetune", "run.test_seed=10100", "run.test_seed"),  # inside the guards' 200 tune seeds
+    ("finetune", "run.guard_episodes=-1", "run.guard_episodes"),
     ("bench_latency_sweep", "run.tune_seed=4999990", "run.test_seed"),
     ("bench_latency_sweep", "run.tune_seed=5000050", "run.test_seed"),  # inside the sweep's 100 test seeds
     ("bench_anchor_start", "run.test_seed=10050", "run.test_seed"),  # inside anchor-start's 100 tune seeds
@@ -182,8 +184,9 @@ def test_a_saved_run_with_an_inert_awr_setting_still_loads(tmp_path):
 
 
 def test_a_run_saved_before_a_setting_existed_loads_with_what_it_ran(tmp_path):
-    """A config.yaml without awr_advantage / anchor_decay_updates / start_guard (written
-    before they existed) loads as it ran: TD advantage, no fade, no guard, not today's defaults."""
+    """A config.yaml without awr_advantage / anchor_decay_updates / start_guard / guard_episodes
+    (written before they existed) loads as it ran: TD advantage, no fade, no guard, guards on the
+    curve's episodes, not today's defaults."""
     from omegaconf import OmegaConf
 
     from arli.config import FinetuneConfig
@@ -194,8 +197,10 @@ def test_a_run_saved_before_a_setting_existed_loads_with_what_it_ran(tmp_path):
         del saved["run"]["learner"][key]
     del saved["run"]["start_guard"]
     del saved["run"]["demonstrations"]
+    del saved["run"]["guard_episodes"]
     OmegaConf.save(OmegaConf.create(saved), tmp_path / "config.yaml")
     run = load_run_config(str(tmp_path)).run
     assert (run.learner.awr_advantage, run.learner.anchor_decay_updates, run.start_guard) == ("td", 0, False)
+    assert run.guard_episodes == 0 and run.guard_count() == run.eval_episodes  # its guards: the curve's episodes
     assert run.demonstrations == "expert" and FinetuneConfig().run.demonstrations == "bounded"
     assert FinetuneConfig().run.learner.awr_advantage == "q"  # today's default differs

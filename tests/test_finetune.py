@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ TINY = LearnerConfig(batch_size=32, hidden=32, critic_hidden=32, critic_heads=2,
 
 def _finetuner(seed=0):
     spec = RunSpec(env_steps=400, anchor_episodes=2, regime="hil", intervention=InterventionSpec(prob=0.5, after=10),
-                   learn_after=64, eval_every=10_000, eval_episodes=2, seed=seed, learner=TINY)
+                   learn_after=64, eval_every=10_000, eval_episodes=2, guard_episodes=2, seed=seed, learner=TINY)
     env = make_env("pick_cube", max_episode_steps=40)
     return Finetuner(spec, env, ExpertChunkPolicy("pick_cube", 16), EXPERTS["pick_cube"],
                      FixedLatency(0.2))
@@ -117,7 +118,6 @@ def test_bounded_demonstrations_stay_within_the_residuals_reach():
     """run.demonstrations=bounded: the demonstrator corrects the running base only as far as
     the residual's bound allows, so every anchor target is reachable; with the expert's own
     actions (the same seeds) some rows lie beyond it."""
-    from dataclasses import replace
 
     from arli.policies.residual_np import project_numpy
 
@@ -158,8 +158,8 @@ def test_finetune_entry_point_writes_a_consistent_run(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "arli.cli", "finetune", "env=pick_cube", "checkpoint=expert",
-         "delay_steps=4", "run.env_steps=600", "run.eval_every=300", "run.eval_episodes=2", "run.test_episodes=3",
-         "run.anchor_episodes=3", "run.learn_after=100", "run.learner.hidden=32", "run.learner.critic_hidden=32",
+         "delay_steps=4", "run.env_steps=600", "run.eval_every=300", "run.eval_episodes=2", "run.guard_episodes=2",
+         "run.test_episodes=3", "run.anchor_episodes=3", "run.learn_after=100", "run.learner.hidden=32", "run.learner.critic_hidden=32",
          "run.learner.critic_warmup_updates=50", "run.learner.pretrain_updates=50", "videos=1", "video_size=32",
          f"output_dir={out}"],
         capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -390,6 +390,40 @@ def test_the_end_guard_drops_a_trained_residual_below_its_start(monkeypatch, tra
         assert torch.equal(ft.learner.actor_target.state_dict()[k], deployed[k]) or not reverted
 
 
+def test_the_guards_compare_on_more_tune_episodes_than_a_curve_point(monkeypatch):
+    """run.guard_episodes > run.eval_episodes: the start guard evaluates base and start on all of
+    them; the end guard reuses the curve's first and last points (the first eval_episodes seeds,
+    same weights) and evaluates each residual on the remaining seeds only, so its decision is
+    the success over all guard episodes, paired; a tie keeps what RL trained."""
+    ft = _finetuner()
+    ft.spec = replace(ft.spec, guard_episodes=8)  # 2 curve episodes + 6 more per residual
+    start_w = {k: v.clone() for k, v in ft.learner.actor_start.state_dict().items()}
+    calls = []
+
+    def fake_evaluate(episodes, seed=None, residual=True, diagnostics=False):
+        now = ft.learner.actor.state_dict()
+        which = ("base" if not residual else
+                 "start" if all(torch.equal(now[k], start_w[k]) for k in now) else "trained")
+        calls.append((episodes, seed, which))
+        return {"success": {"base": 0.0, "start": 0.5, "trained": 1.0}[which]}
+
+    monkeypatch.setattr(ft, "evaluate", fake_evaluate)
+    assert ft.guard_start() == {"split": "tune", "episodes": 8, "base": 0.0, "start": 0.5, "reverted": False}
+    assert calls == [(8, None, "base"), (8, None, "start")]
+    with torch.no_grad():
+        for p in ft.learner.actor.parameters():
+            p.add_(0.01)  # what RL moved
+    calls.clear()
+    ft.history = [{"env_steps": 0, "success": 1.0}, {"env_steps": ft.env_steps, "success": 0.0}]
+    guard = ft.guard_end()
+    assert sorted(calls) == [(6, 10_002, "start"), (6, 10_002, "trained")]  # the seeds after the curve's
+    # start 2 x 1.0 + 6 x 0.5, trained 2 x 0.0 + 6 x 1.0: 0.625 vs 0.75 over the 8 episodes
+    assert guard == {"split": "tune", "episodes": 8, "start": 0.625, "trained": 0.75, "reverted": False}
+    ft.spec = replace(ft.spec, guard_episodes=0)  # a run saved before the knob: the curve's episodes
+    calls.clear()
+    assert ft.guard_end()["reverted"] and calls == []  # 0.0 < 1.0 on the curve's 2 episodes alone
+
+
 def test_a_run_whose_end_guard_drops_the_trained_residual(tmp_path, monkeypatch):
     """The entry point with the guard forced to drop what RL trained: the final outcomes are the
     start's, the trained ones are kept, the checkpoint stays the training state (its actor the
@@ -409,7 +443,7 @@ def test_a_run_whose_end_guard_drops_the_trained_residual(tmp_path, monkeypatch)
     monkeypatch.setattr(Finetuner, "guard_end", dropping)
     out = tmp_path / "run"
     assert main(["finetune", "env=pick_cube", "checkpoint=expert", "delay_steps=4", "run.env_steps=300",
-                 "run.eval_every=300", "run.eval_episodes=2", "run.test_episodes=3", "run.anchor_episodes=2",
+                 "run.eval_every=300", "run.eval_episodes=2", "run.guard_episodes=2", "run.test_episodes=3", "run.anchor_episodes=2",
                  "run.learn_after=100", "run.learner.hidden=32", "run.learner.critic_hidden=32",
                  "run.learner.critic_warmup_updates=20", "run.learner.pretrain_updates=30", "videos=0",
                  f"output_dir={out}"]) == 0

@@ -15,7 +15,7 @@ ARGS = ["env=pick_cube", "checkpoint=expert", "budget=150", "seeds=[0,1]", "dela
         "variants=[base_naive,arli,standard_d0,bc_control,uniform_control,anchor_only,ceiling]", "eval_episodes=2",
         "workers=1", "run.anchor_episodes=1", "run.learn_after=50", "run.learner.hidden=32",
         "run.learner.critic_hidden=32", "run.learner.batch_size=32", "run.learner.critic_warmup_updates=10",
-        "run.learner.pretrain_updates=10", "run.eval_episodes=2"]  # curve and start guard on 2 tune episodes: a test
+        "run.learner.pretrain_updates=10", "run.eval_episodes=2", "run.guard_episodes=2"]  # curve and guards on 2 tune episodes: a test
 REQUIRED_CELL = {"variant", "delay_steps", "seeds", "success_mean", "ci95", "start_mean", "gain_ci95"}
 
 
@@ -322,7 +322,7 @@ def test_the_report_writes_every_required_field(tmp_path):
     assert ls.main(cfg) == 0
     report = json.loads((tmp_path / "latency_sweep_test.json").read_text())
     assert set(report) >= {"env", "regime", "budget", "eval", "cells", "ceiling", "verdicts", "missing"}
-    assert report["env"] == "peg_insert" and report["regime"] == "rl" and report["budget"] == 50_000
+    assert report["env"] == "peg_insert" and report["regime"] == "rl" and report["budget"] == cfg.budget == 100_000
     assert report["eval"] == {"split": "test", "seed_base": 5_000_000, "episodes": 100}
     # which demonstrator made the anchor data: the default changed once, so the report says it
     assert report["demonstrations"] == "bounded"
@@ -347,7 +347,7 @@ def test_the_report_writes_every_required_field(tmp_path):
     md = (tmp_path / "latency_sweep_test.md").read_text()
     assert "| arli | 4 | [0, 1] | 1.000 [" in md and "**ceiling**" in md
     assert "![latency sweep](latency_sweep_test.png)" in md
-    assert "arli bench latency-sweep env=peg_insert budget=50000" in md and "name=latency_sweep_test" in md
+    assert "arli bench latency-sweep env=peg_insert budget=100000" in md and "name=latency_sweep_test" in md
     assert "does NOT hold" not in md and "not evaluated" in md  # the one missing cell
     assert (tmp_path / "latency_sweep_test.png").stat().st_size > 1000
 
@@ -438,7 +438,7 @@ def test_report_command_names_every_non_default_setting_it_needs_to_reproduce():
 
     plain = compose("bench_latency_sweep", ["env=peg_insert"])
     assert non_default_settings(plain) == []
-    assert command(plain) == ("arli bench latency-sweep env=peg_insert budget=50000 'seeds=[10, 11, 12]' "
+    assert command(plain) == ("arli bench latency-sweep env=peg_insert budget=100000 'seeds=[10, 11, 12]' "
                               "'delay_steps=[0, 4, 8]' eval_episodes=200")
     cfg = compose("bench_latency_sweep", ["env=peg_insert", "checkpoint=checkpoints/base_peg_insert_seeded",
                                           "run.learner.start_weight=1.0", "variants=[arli,anchor_only]"])

@@ -153,6 +153,14 @@ def paired_reference(cfg: BenchRunsConfig, evals: tuple, summaries: tuple) -> di
         if json.dumps(e["split"], sort_keys=True) != json.dumps(r["split"], sort_keys=True):
             raise ConfigError(f"reference: {ref} was evaluated on {r['split']}, {run} on {e['split']}; pair runs "
                               "on the same test episodes")
+        # the base alone is deterministic on one base, seed range and delay: other outcomes mean
+        # another base, also for runs saved before base_digest, or one that acts otherwise there
+        base, ref_base = ([bool(x) for x in o["outcomes"]["base"]] for o in (e, r))
+        if base != ref_base:
+            raise ConfigError(f"reference: the base alone succeeded on other test episodes in {ref} than in {run} "
+                              f"({sum(a != b for a, b in zip(base, ref_base))} of {len(base)} differ): they "
+                              "finetuned different bases, or the same one acting otherwise on another machine; "
+                              "pair runs of one base made on one machine")
         if training_seed(run) is None or training_seed(run) != training_seed(ref):
             raise ConfigError(f"reference: {ref} is training seed {training_seed(ref)}, {run} is "
                               f"{training_seed(run)}; list the reference runs in the order of the runs' seeds")
@@ -255,9 +263,9 @@ def main(cfg: BenchRunsConfig) -> int:
         md.append(f"| {k} | {g['mean']:+.3f} | {g['ci95'][0]:+.3f} – {g['ci95'][1]:+.3f} | {g['verdict']} |")
     guards = [g for g in payload["end_guard"] if g]
     if guards:
-        md += ["", "End guard (each run's tune curve, start against trained; a trained residual below its start "
-               "is dropped and the start deployed): " + "; ".join(
-                   f"{_seed_label(d)}: {g['start']:.2f} vs {g['trained']:.2f}"
+        md += ["", "End guard (each run's tune episodes, start against trained; a trained residual below its "
+               "start is dropped and the start deployed): " + "; ".join(
+                   f"{_seed_label(d)}: {g['start']:.2f} vs {g['trained']:.2f} on {g.get('episodes', '?')}"
                    + (" -> start deployed" if g["reverted"] else " -> trained kept")
                    for d, g in zip(cfg.runs, payload["end_guard"]) if g) + "."]
     if reference:

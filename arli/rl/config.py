@@ -310,14 +310,22 @@ class RunSpec:
     # dropped and the start deployed (the final numbers are then the start's; the trained
     # residual's own test outcomes are kept as "trained")
     end_guard: bool = True
+    # tune episodes each guard compares on (paired seeds tune_seed ..): more than a curve
+    # point's, because a guard's decision is final and one of 30 episodes is 0.033; the curve's
+    # points are its first eval_episodes and are reused. 0 = eval_episodes (runs saved before)
+    guard_episodes: int = 200
     device: str = "auto"  # where the learner's networks and updates run: auto (CUDA if torch sees one) | cpu | cuda
     learner: LearnerConfig = field(default_factory=LearnerConfig)
 
 
 
+    def guard_count(self) -> int:
+        """Tune episodes each guard compares on."""
+        return self.guard_episodes or self.eval_episodes
+
     def tune_range(self) -> range:
-        """Episode seeds of the learning curve and of every choice of a setting."""
-        return range(self.tune_seed, self.tune_seed + self.eval_episodes)
+        """Episode seeds of the learning curve, the guards and every choice of a setting."""
+        return range(self.tune_seed, self.tune_seed + max(self.eval_episodes, self.guard_count()))
 
     def test_range(self) -> range:
         """Episode seeds of the final numbers."""
@@ -333,6 +341,7 @@ class RunSpec:
         check_device(self.device, "run.device")
         for name in ("env_steps", "eval_every", "eval_episodes", "test_episodes"):
             require(getattr(self, name) >= 1, f"run.{name}", ">= 1", getattr(self, name))
+        require(self.guard_episodes >= 0, "run.guard_episodes", ">= 0 (0: run.eval_episodes)", self.guard_episodes)
         self.check_seeds(self.tune_range(), self.test_range())
 
     def check_seeds(self, tune: range, test: range) -> None:
