@@ -247,7 +247,9 @@ class LearnerServiceConfig(SimBase):
     """``arli learner``: the finetuning learner as a service for a fleet of actors."""
 
     latency: LatencyConfig = field(default_factory=LatencyConfig)
-    run: RunSpec = field(default_factory=RunSpec)
+    # the start guard on the curve's 30 tune episodes (guard_episodes=0): the actors wait for the
+    # first weights behind it (weights_timeout_s)
+    run: RunSpec = field(default_factory=lambda: RunSpec(guard_episodes=0))
     # the delay the actors plan for (their chunking.planned_delay_steps), not the main job's
     delay_steps: int | None = ACTOR_PLANNED_DELAY_STEPS
     output_dir: str = ""  # "" = outputs/learner_<env>

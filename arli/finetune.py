@@ -174,47 +174,57 @@ class Finetuner:
         return out
 
     def guard_start(self) -> dict:
-        """Do no harm before RL starts: the anchored start and the base alone on the tune
-        episodes (paired seeds); a start below the base is dropped, so RL starts from the
+        """Do no harm before RL starts: the anchored start and the base alone on the guard's
+        tune episodes (paired seeds); a start below the base is dropped, so RL starts from the
         zero residual (the base) instead of from a start that is already worse."""
-        episodes = self.spec.guard_count()
-        base = self.evaluate(episodes, residual=False)["success"]
-        start = self.evaluate(episodes)["success"]
+        n = self.spec.guard_count()
+        base = self._tune_successes(residual=False)
+        start = self._tune_successes()
         reverted = start < base
         if reverted:
             self.learner.reset_actor()
-        return {"split": "tune", "episodes": episodes, "base": base, "start": start, "reverted": reverted}
+        return {"split": "tune", "episodes": n, "base": base / n, "start": start / n, "reverted": reverted}
 
     def guard_end(self) -> dict:
         """Do no harm after RL: the finetuned residual against the one RL started from (the
         anchored start, or the zero residual where the start guard dropped it) on the guard's
-        tune episodes, paired seeds; the curve's first and last points (at 0 and at this step)
-        are their first ``eval_episodes`` and are reused. A finetuned residual below its start
-        is dropped and the start deployed (its weights are ``learner.actor_start``)."""
-        history = self.history
+        tune episodes, paired seeds, compared as counts (a tie keeps what RL trained). Reused
+        where measured already on the same seeds: the start guard's start, the curve's first
+        and last points (the first ``eval_episodes`` seeds). A finetuned residual below its
+        start is dropped and the start deployed (its weights are ``learner.actor_start``)."""
+        n, history = self.spec.guard_count(), self.history
         first = history[0] if history and history[0]["env_steps"] == 0 else None
         last = history[-1] if history and history[-1]["env_steps"] == self.env_steps else None
-        trained = self._guard_success(last)
-        kept = copy.deepcopy(self.learner.actor.state_dict())
-        self.learner.actor.load_state_dict(self.learner.actor_start.state_dict())
-        start = self._guard_success(first)
-        self.learner.actor.load_state_dict(kept)
+        trained = self._tune_successes(last)
+        before = self.start_record.get("start_guard")
+        if before and not before["reverted"] and before["episodes"] == n:  # the start as it acts now
+            start = round(before["start"] * n)
+        else:
+            kept = copy.deepcopy(self.learner.actor.state_dict())
+            self.learner.actor.load_state_dict(self.learner.actor_start.state_dict())
+            start = self._tune_successes(first)
+            self.learner.actor.load_state_dict(kept)
         reverted = trained < start
         if reverted:
             self.learner.revert_to_start()
-        return {"split": "tune", "episodes": self.spec.guard_count(), "start": start, "trained": trained,
-                "reverted": reverted}
+        return {"split": "tune", "episodes": n, "start": start / n, "trained": trained / n, "reverted": reverted}
 
-    def _guard_success(self, point: dict | None) -> float:
-        """The acting residual's success on the guard's tune episodes; ``point``, a curve point
-        of these weights, holds the first ``eval_episodes`` of them, so only the rest run."""
+    def _tune_successes(self, point: dict | None = None, residual: bool = True) -> int:
+        """Successes of the acting residual (or the base alone) on the guard's tune episodes,
+        evaluated as the curve evaluates them: its first ``eval_episodes`` seeds as one call,
+        the rest as another, so a seed meets the same latency draws in every evaluation (the
+        draws run on from each call's first seed). ``point``: a curve point of these weights,
+        whose success on the first seeds is reused."""
         n, k = self.spec.guard_count(), self.spec.eval_episodes
-        if point is None or k > n:
-            return self.evaluate(n)["success"]
-        if k == n:
-            return point["success"]
-        rest = self.evaluate(n - k, seed=self.spec.tune_seed + k)["success"]
-        return (point["success"] * k + rest * (n - k)) / n
+        if point is not None and point.get("eval_episodes", k) != k:
+            point = None  # measured on another count of seeds (a run resumed with another eval_episodes)
+        if k >= n:
+            if point is not None and k == n:
+                return round(point["success"] * n)
+            return round(self.evaluate(n, residual=residual)["success"] * n)
+        head = point["success"] if point is not None else self.evaluate(k, residual=residual)["success"]
+        rest = self.evaluate(n - k, seed=self.spec.tune_seed + k, residual=residual)["success"]
+        return round(head * k) + round(rest * (n - k))
 
     # -- training ------------------------------------------------------------------------
     def train(self, env_steps: int | None = None, writer=None, progress: bool = True,
@@ -293,7 +303,8 @@ class Finetuner:
     def _evaluate_and_log(self, writer, start: float) -> None:
         ctl, steps = self.controller, self.trainer.env_steps
         result = self.evaluate(self.spec.eval_episodes, diagnostics=True)
-        entry = {"env_steps": steps, "success": result["success"], "episodes": self.episode,
+        entry = {"env_steps": steps, "success": result["success"], "eval_episodes": self.spec.eval_episodes,
+                 "episodes": self.episode,
                  "updates": self.learner.updates, "wall_s": round(time.time() - start, 1),
                  "q_eval": result["q_mean"], "return_eval": result["return_mean"],
                  "intervened_steps": ctl.intervened_steps, "learner": self.learner_diagnostics()}

@@ -334,7 +334,7 @@ def test_default_run_dirs_of_runs_started_in_the_same_second_differ(tmp_path, mo
     assert all(os.path.isdir(d) for d in dirs)
 
 
-@pytest.mark.parametrize("start,base,reverted", [(0.4, 0.6, True), (0.6, 0.6, False), (0.8, 0.6, False)])
+@pytest.mark.parametrize("start,base,reverted", [(0.0, 0.5, True), (0.5, 0.5, False), (1.0, 0.5, False)])
 def test_the_start_guard_drops_a_start_below_the_base(monkeypatch, start, base, reverted):
     """Do no harm before RL: prepare() compares the anchored start with the base alone on the
     tune episodes; a start below the base is dropped for the zero residual (the base acts,
@@ -381,6 +381,7 @@ def test_the_end_guard_drops_a_trained_residual_below_its_start(monkeypatch, tra
 
     monkeypatch.setattr(ft, "evaluate", fake_evaluate)
     ft.history = []  # no curve points to read: both residuals are evaluated
+    ft.start_record["start_guard"] = None  # nor the start guard's measurement of the start
     guard = ft.guard_end()
     assert sorted(calls) == [(2, None, "start"), (2, None, "trained")]  # tune seeds, both residuals
     assert guard == {"split": "tune", "episodes": 2, "start": start, "trained": trained, "reverted": reverted}
@@ -391,37 +392,52 @@ def test_the_end_guard_drops_a_trained_residual_below_its_start(monkeypatch, tra
 
 
 def test_the_guards_compare_on_more_tune_episodes_than_a_curve_point(monkeypatch):
-    """run.guard_episodes > run.eval_episodes: the start guard evaluates base and start on all of
-    them; the end guard reuses the curve's first and last points (the first eval_episodes seeds,
-    same weights) and evaluates each residual on the remaining seeds only, so its decision is
-    the success over all guard episodes, paired; a tie keeps what RL trained."""
+    """run.guard_episodes > run.eval_episodes: each guard evaluates the curve's seeds and the
+    rest as two calls (a seed meets the same latency draws in every evaluation); the end guard
+    reuses what was measured on the same seeds and weights (the start guard's start, the curve's
+    last point) and compares counts, so a tie keeps what RL trained."""
     ft = _finetuner()
-    ft.spec = replace(ft.spec, guard_episodes=8)  # 2 curve episodes + 6 more per residual
+    ft.spec = replace(ft.spec, guard_episodes=8)  # 2 curve episodes + 6 more
     start_w = {k: v.clone() for k, v in ft.learner.actor_start.state_dict().items()}
-    calls = []
+    calls, trained_rest = [], [1.0]
 
     def fake_evaluate(episodes, seed=None, residual=True, diagnostics=False):
         now = ft.learner.actor.state_dict()
         which = ("base" if not residual else
                  "start" if all(torch.equal(now[k], start_w[k]) for k in now) else "trained")
         calls.append((episodes, seed, which))
-        return {"success": {"base": 0.0, "start": 0.5, "trained": 1.0}[which]}
+        return {"success": {"base": 0.0, "start": 0.5, "trained": trained_rest[0]}[which]}
 
     monkeypatch.setattr(ft, "evaluate", fake_evaluate)
-    assert ft.guard_start() == {"split": "tune", "episodes": 8, "base": 0.0, "start": 0.5, "reverted": False}
-    assert calls == [(8, None, "base"), (8, None, "start")]
+    guard = ft.guard_start()
+    assert guard == {"split": "tune", "episodes": 8, "base": 0.0, "start": 0.5, "reverted": False}
+    assert calls == [(2, None, "base"), (6, 10_002, "base"), (2, None, "start"), (6, 10_002, "start")]
+    ft.start_record["start_guard"] = guard  # as prepare() records it
     with torch.no_grad():
         for p in ft.learner.actor.parameters():
             p.add_(0.01)  # what RL moved
     calls.clear()
-    ft.history = [{"env_steps": 0, "success": 1.0}, {"env_steps": ft.env_steps, "success": 0.0}]
-    guard = ft.guard_end()
-    assert sorted(calls) == [(6, 10_002, "start"), (6, 10_002, "trained")]  # the seeds after the curve's
-    # start 2 x 1.0 + 6 x 0.5, trained 2 x 0.0 + 6 x 1.0: 0.625 vs 0.75 over the 8 episodes
-    assert guard == {"split": "tune", "episodes": 8, "start": 0.625, "trained": 0.75, "reverted": False}
+    ft.history = [{"env_steps": 0, "success": 1.0, "eval_episodes": 2},
+                  {"env_steps": ft.env_steps, "success": 0.0, "eval_episodes": 2}]
+    # trained: 0 of the curve's 2 + 6 of the rest; start: the start guard's 4 of 8
+    assert ft.guard_end() == {"split": "tune", "episodes": 8, "start": 0.5, "trained": 0.75, "reverted": False}
+    assert calls == [(6, 10_002, "trained")]
+    trained_rest[0] = 4 / 6  # 0 + 4 = the start's 4: a tie, decided on counts, keeps what RL trained
+    assert not ft.guard_end()["reverted"]
+    # without the start guard's record: the start from the curve's first point (2 of 2) + 3 of 6
+    ft.start_record["start_guard"], trained_rest[0] = None, 1.0
+    calls.clear()
+    assert ft.guard_end() == {"split": "tune", "episodes": 8, "start": 0.625, "trained": 0.75, "reverted": False}
+    assert sorted(calls) == [(6, 10_002, "start"), (6, 10_002, "trained")]
+    # a curve point measured on another count of seeds (a resumed run's) is evaluated again
+    ft.history[-1]["eval_episodes"] = 5
+    calls.clear()
+    ft.guard_end()
+    assert (2, None, "trained") in calls and (6, 10_002, "trained") in calls
+    ft.history[-1]["eval_episodes"] = 2
     ft.spec = replace(ft.spec, guard_episodes=0)  # a run saved before the knob: the curve's episodes
     calls.clear()
-    assert ft.guard_end()["reverted"] and calls == []  # 0.0 < 1.0 on the curve's 2 episodes alone
+    assert ft.guard_end()["reverted"] and calls == []  # 0 < 2 on the curve's 2 episodes alone
 
 
 def test_a_run_whose_end_guard_drops_the_trained_residual(tmp_path, monkeypatch):
@@ -468,9 +484,10 @@ def test_the_end_guard_reads_the_curve_where_it_has_both_points(monkeypatch):
     ft = _finetuner()
     ft.prepare()
     ft.train(100, progress=False)
-    ft.history = [{"env_steps": 0, "success": 0.9}, {"env_steps": ft.env_steps, "success": 0.6}]
+    ft.history = [{"env_steps": 0, "success": 1.0}, {"env_steps": ft.env_steps, "success": 0.5}]
+    ft.start_record["start_guard"] = None  # the curve's first point, not the start guard's number
     monkeypatch.setattr(ft, "evaluate", lambda *a, **k: pytest.fail("the guard evaluated"))
-    assert ft.guard_end() == {"split": "tune", "episodes": 2, "start": 0.9, "trained": 0.6, "reverted": True}
+    assert ft.guard_end() == {"split": "tune", "episodes": 2, "start": 1.0, "trained": 0.5, "reverted": True}
 
 
 def test_no_start_guard_without_pretraining_or_when_switched_off(monkeypatch):

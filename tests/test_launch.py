@@ -22,7 +22,7 @@ def test_launch_two_actors_one_learner(tmp_path):
     if base_port > 60000:
         base_port = 40000 + base_port % 10000
     learner_extra = '["run.anchor_episodes=3","run.learner.pretrain_updates=20","run.learn_after=100",' \
-                    '"run.test_episodes=3","run.guard_episodes=30",' \
+                    '"run.test_episodes=3",' \
                     '"checkpoint_every_s=1"]'
     proc = subprocess.run([sys.executable, "-m", "arli.cli", "launch", "sim", "actors=2", "env=pick_cube",
                            "checkpoint=expert", "env_steps=400", f"base_port={base_port}", f"output_dir={out}",
@@ -75,7 +75,7 @@ def test_launch_restarts_a_server_and_a_learner_killed_mid_run_and_it_resumes(tm
     if base_port > 60000:
         base_port = 40000 + base_port % 10000
     extra = '["run.anchor_episodes=2","run.learner.pretrain_updates=10","run.learn_after=100",' \
-            '"run.test_episodes=2","run.guard_episodes=30","checkpoint_every_s=1"]'
+            '"run.test_episodes=2","checkpoint_every_s=1"]'
     proc = subprocess.Popen([sys.executable, "-m", "arli.cli", "launch", "sim", "actors=1", "env=pick_cube",
                              "checkpoint=expert", "env_steps=700", f"base_port={base_port}", f"output_dir={out}",
                              f"extra_learner={extra}"], cwd=ROOT, stdout=subprocess.PIPE, text=True)

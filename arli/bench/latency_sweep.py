@@ -734,7 +734,7 @@ def markdown(p: dict, cfg: LatencySweepConfig) -> str:
         "outcomes are the base's on every episode, as when the start guard drops an anchored start below the "
         "base on the tune episodes and RL starts from the base; inferred from the outcomes); gain: "
         "final - start, paired on the same seeds and episodes (\"end guard\": on those seeds the trained "
-        "residual was below its start on the tune curve and the start was deployed, `run.end_guard`; the "
+        "residual was below its start on the guard's tune episodes and the start was deployed, `run.end_guard`; the "
         "trained one's test outcomes are in the cells' rows, `trained_outcomes`). "
         "`bc_control`: the same learner with the critic's influence off (BC on the anchor rows, fading with "
         "the learner's anchor weight, after which the actor stops moving); `uniform_control`: AWR with every "

@@ -153,20 +153,21 @@ def paired_reference(cfg: BenchRunsConfig, evals: tuple, summaries: tuple) -> di
         if json.dumps(e["split"], sort_keys=True) != json.dumps(r["split"], sort_keys=True):
             raise ConfigError(f"reference: {ref} was evaluated on {r['split']}, {run} on {e['split']}; pair runs "
                               "on the same test episodes")
-        # the base alone is deterministic on one base, seed range and delay: other outcomes mean
-        # another base, also for runs saved before base_digest, or one that acts otherwise there
-        base, ref_base = ([bool(x) for x in o["outcomes"]["base"]] for o in (e, r))
-        if base != ref_base:
-            raise ConfigError(f"reference: the base alone succeeded on other test episodes in {ref} than in {run} "
-                              f"({sum(a != b for a, b in zip(base, ref_base))} of {len(base)} differ): they "
-                              "finetuned different bases, or the same one acting otherwise on another machine; "
-                              "pair runs of one base made on one machine")
         if training_seed(run) is None or training_seed(run) != training_seed(ref):
             raise ConfigError(f"reference: {ref} is training seed {training_seed(ref)}, {run} is "
                               f"{training_seed(run)}; list the reference runs in the order of the runs' seeds")
         for k in ("env", "delay_steps", "regime"):
             if s[k] != rs[k]:
                 raise ConfigError(f"reference: {ref} has {k}={rs[k]!r}, {run} has {s[k]!r}")
+        # the base alone is deterministic on one base, seed range, delay and execution: other
+        # outcomes mean another base (also for runs saved before base_digest) or another setting
+        base, ref_base = ([bool(x) for x in o["outcomes"]["base"]] for o in (e, r))
+        if base != ref_base:
+            raise ConfigError(f"reference: the base alone succeeded on other test episodes in {ref} than in {run} "
+                              f"({sum(a != b for a, b in zip(base, ref_base))} of {len(base)} differ): they "
+                              "finetuned different bases, or the base acted otherwise (another machine, chunking "
+                              "strategy, latency model or thread count); pair runs of one base and setting made "
+                              "on one machine")
     out = {}
     for p in ("start", "final"):
         mine = np.array([e["outcomes"][p] for e in evals], float)

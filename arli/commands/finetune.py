@@ -156,7 +156,8 @@ def main(cfg: FinetuneConfig) -> int:
                                          "sim_unstable_episodes": anchor_eval["sim_unstable_episodes"]}
         # the curve's own start, on the tune seeds like every curve point
         curve_start = ft.evaluate(spec.eval_episodes, diagnostics=True)
-        ft.history.insert(0, {"env_steps": 0, "success": curve_start["success"], "episodes": 0, "updates": 0,
+        ft.history.insert(0, {"env_steps": 0, "success": curve_start["success"],
+                              "eval_episodes": spec.eval_episodes, "episodes": 0, "updates": 0,
                               "wall_s": 0.0, "q_eval": curve_start["q_mean"],
                               "return_eval": curve_start["return_mean"], "intervened_steps": 0})
     print(f"evaluating the base policy ({spec.test_episodes} test episodes, async {cfg.chunking.strategy}, "

@@ -305,14 +305,15 @@ class RunSpec:
     # do no harm before RL starts: the anchored start and the base alone on the tune
     # episodes; a start below the base is dropped and RL starts from the zero residual
     start_guard: bool = True
-    # do no harm after RL: the finetuned residual and the one RL started from on the tune
-    # episodes (the curve's first and last points); a finetuned residual below its start is
+    # do no harm after RL: the finetuned residual and the one RL started from on the guard's
+    # tune episodes (guard_episodes); a finetuned residual below its start is
     # dropped and the start deployed (the final numbers are then the start's; the trained
     # residual's own test outcomes are kept as "trained")
     end_guard: bool = True
-    # tune episodes each guard compares on (paired seeds tune_seed ..): more than a curve
-    # point's, because a guard's decision is final and one of 30 episodes is 0.033; the curve's
-    # points are its first eval_episodes and are reused. 0 = eval_episodes (runs saved before)
+    # tune episodes each guard compares on (paired seeds tune_seed .., as counts): more than a
+    # curve point's, because a guard's decision is final and one of 30 episodes is 0.033; what
+    # was measured on the same seeds and weights (the curve's first eval_episodes, the start
+    # guard's start) is reused. 0 = eval_episodes (runs saved before the key)
     guard_episodes: int = 200
     device: str = "auto"  # where the learner's networks and updates run: auto (CUDA if torch sees one) | cpu | cuda
     learner: LearnerConfig = field(default_factory=LearnerConfig)
