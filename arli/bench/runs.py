@@ -266,7 +266,7 @@ def main(cfg: BenchRunsConfig) -> int:
     if guards:
         md += ["", "End guard (each run's tune episodes, start against trained; a trained residual below its "
                "start is dropped and the start deployed): " + "; ".join(
-                   f"{_seed_label(d)}: {g['start']:.2f} vs {g['trained']:.2f} on {g.get('episodes', '?')}"
+                   f"{_seed_label(d)}: {g['start']:.2f} vs {g['trained']:.2f} on {g['episodes']}"
                    + (" -> start deployed" if g["reverted"] else " -> trained kept")
                    for d, g in zip(cfg.runs, payload["end_guard"]) if g) + "."]
     if reference:
