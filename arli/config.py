@@ -415,6 +415,11 @@ class LatencySweepConfig(SimBase):
     # of each cell's fingerprint (not derived from the machine's cores: cells stay reusable)
     threads: int = 1
     report_only: bool = False  # rebuild the report from the cache and the committed cells, run nothing
+    # finished `arli finetune` run directories (config.yaml, summary.json, eval_test.json) taken as
+    # residual-RL cells in place of cached rows, so a sweep too long for one sitting grows from runs
+    # made a batch at a time: each must be one of the sweep's cells, with its settings and base
+    # (arli/bench/sweep_runs.py); only the cells they and the cache lack run
+    runs: list[str] = field(default_factory=list)
     # with report_only: the digest of the base the cells ran on, where this machine's `arli pretrain`
     # trains another one (CPU kernels sum floats in another order), so a committed report can be
     # rebuilt here; "" = this machine's base
@@ -442,6 +447,8 @@ class LatencySweepConfig(SimBase):
         require(bool(self.name) and not set(self.name) & set("/\\"), "name",
                 "a file name without directories (the report is <report_dir>/<name>.*)", self.name)
         _positive(self, "eval_episodes", "workers", "threads")
+        require(all(isinstance(r, str) and r for r in self.runs), "runs", "a list of `arli finetune` run directories",
+                self.runs)
         require(not self.base_digest or self.report_only, "base_digest",
                 "empty unless report_only=true (cells run on this machine's base only)", self.base_digest)
 

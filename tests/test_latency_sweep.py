@@ -555,3 +555,85 @@ def test_base_digest_only_rebuilds_reports():
     with pytest.raises(ConfigError, match="base_digest"):
         compose("bench_latency_sweep", ["base_digest=280b12aa66b9"])
     assert compose("bench_latency_sweep", ["base_digest=280b12aa66b9", "report_only=true"]).base_digest == "280b12aa66b9"
+
+
+# -- finished `arli finetune` runs as cells (runs=[...]) ----------------------------------
+def _finetune_run(root, name, *overrides, final=95, start=85, base=30, digest="expert", seed=0, episodes=N):
+    """A finished run's files as `arli finetune` writes them (its config through the same
+    composition and save), with hand-made outcomes on the sweep's 100 test episodes."""
+    from omegaconf import OmegaConf
+
+    cfg = compose("finetune", ["checkpoint=expert", "delay_steps=4", f"run.seed={seed}", "run.env_steps=100000",
+                               *overrides])
+    d = root / name
+    d.mkdir(parents=True)
+    OmegaConf.save(OmegaConf.structured(cfg), d / "config.yaml")
+    outcomes = {k: _hits(v, episodes) for k, v in (("base", base), ("start", start), ("trained", final),
+                                                   ("final", final))}
+    (d / "eval_test.json").write_text(json.dumps({
+        "split": {"split": "test", "seed_base": 5_000_000, "episodes": episodes}, "outcomes": outcomes,
+        "success": {k: sum(v) / episodes for k, v in outcomes.items()}}))
+    (d / "summary.json").write_text(json.dumps({
+        "base_digest": digest, "steps_to_80": 20000, "history": [{"env_steps": 0, "success": start / N}],
+        "end_guard": {"split": "tune", "episodes": 30, "start": 0.8, "trained": 0.9, "reverted": False}}))
+    return str(d)
+
+
+def _sweep_of_runs(tmp_path, runs, *extra, base=30):
+    """``main(report_only=true)`` over a cache holding only the base alone at d = 4 (seeds 0, 1)."""
+    from arli.bench import latency_sweep as ls
+
+    cache = tmp_path / "cells.jsonl"
+    cfg = _cfg("report_only=true", f"cache={cache}", f"report_dir={tmp_path / 'reports'}", "name=of_runs",
+               "eval_episodes=100", "delay_steps=[4]", f"runs=[{','.join(runs)}]", *extra)
+    cfg_dict = ls.cell_settings(cfg)
+    sources = {"arli/stats.py": ls._file_digest("arli/stats.py")}
+    rows = [{**r, "fingerprint": ls.fingerprint(cfg_dict, r["variant"]), "sources": sources}
+            for r in _rows({("base_naive", 4): base})]
+    cache.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert ls.main(cfg) == 0
+    return json.loads((tmp_path / "reports" / "of_runs.json").read_text())
+
+
+def test_finished_runs_fill_their_cells_and_stay_in_their_directories(tmp_path):
+    runs = [_finetune_run(tmp_path, f"arli_s{s}", seed=s, final=95 - s) for s in (0, 1)]
+    # a control by its learner; the curve's spacing is free (it changes no reported number)
+    runs += [_finetune_run(tmp_path, f"bc_s{s}", "run.learner.q_weight=0", "run.eval_every=5000", seed=s, final=80)
+             for s in (0, 1)]
+    report = _sweep_of_runs(tmp_path, runs)
+    cells = {(c["variant"], c["delay_steps"]): c for c in report["cells"]}
+    arli, bc = cells[("arli", 4)], cells[("bc_control", 4)]
+    assert arli["per_seed"] == [0.95, 0.94] and arli["start_mean"] == 0.85 and arli["complete"]
+    assert arli["runs_by_seed"] == {"0": runs[0], "1": runs[1]} and bc["success_mean"] == 0.80
+    assert "runs_by_seed" not in cells[("base_naive", 4)]
+    claims = {v["claim"]: v["holds"] for v in report["verdicts"]}
+    assert claims["arli@4 >= bc_control@4 + 0.05 (paired CI of the difference)"] is True
+    assert report["runs"] == runs
+    md = (tmp_path / "reports" / "of_runs.md").read_text()
+    assert "'runs=[" in md and "* arli@4: seed 0 [`" in md
+    # the committed rows are the sweep's own cells: the runs are read from their directories
+    kept = [json.loads(x) for x in (tmp_path / "reports" / "of_runs" / "cells.jsonl").read_text().splitlines()]
+    assert {r["variant"] for r in kept} == {"base_naive"}
+
+
+def test_a_run_of_another_recipe_base_or_cell_is_refused_naming_what_differs(tmp_path):
+    from arli.config import ConfigError
+
+    def refused(run, *extra, base=30):
+        with pytest.raises(ConfigError) as err:
+            _sweep_of_runs(tmp_path, [run], *extra, base=base)
+        return str(err.value)
+
+    msg = refused(_finetune_run(tmp_path, "lr", "run.learner.actor_lr=0.001"))
+    assert "run.learner.actor_lr=0.001" in msg and "3e-05" in msg
+    assert "ran 50000 env steps; the sweep's budget is 100000" in refused(
+        _finetune_run(tmp_path, "short", "run.env_steps=50000"))
+    assert "other test episodes" in refused(_finetune_run(tmp_path, "other_base", base=31))
+    assert "finetuned base 0123456789ab" in refused(_finetune_run(tmp_path, "digest", digest="0123456789ab"))
+    assert "not one of the sweep's seeds" in refused(_finetune_run(tmp_path, "seed7", seed=7))
+    assert "delay_steps=8" in refused(_finetune_run(tmp_path, "d8", "delay_steps=8"))
+    assert "has test episodes {'split': 'test', 'seed_base': 5000000, 'episodes': 50}" in refused(
+        _finetune_run(tmp_path, "fewer", "run.test_episodes=50", episodes=50))
+    twice = [_finetune_run(tmp_path, "a", seed=0), _finetune_run(tmp_path, "b", seed=0)]
+    with pytest.raises(ConfigError, match="both the arli@4 cell of seed 0"):
+        _sweep_of_runs(tmp_path, twice)

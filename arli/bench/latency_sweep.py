@@ -324,7 +324,9 @@ def aggregate(rows: list[dict], cfg: LatencySweepConfig) -> list[dict]:
             # what was run, per training seed: every test episode's outcome, and the digest of
             # the code files the cell ran (cells that ran the same code share it)
             cell.update(outcomes_by_seed={str(r["seed"]): _bits(r["outcomes"]) for r in group},
-                        code_digests=sorted({_code_digest(r.get("sources")) for r in group}))
+                        code_digests=sorted({_code_digest(r.get("sources")) for r in group}, key=str))
+            if any("run_dir" in r for r in group):  # from `arli finetune` runs (``runs``): where each is
+                cell["runs_by_seed"] = {str(r["seed"]): r["run_dir"] for r in group if "run_dir" in r}
             if variant in RL_VARIANTS:
                 starts = np.array([r["start_outcomes"] for r in group], float)
                 cell.update(start_mean=_r(starts.mean()), gain_ci95=_interval(gain_ci(finals, starts)),
@@ -613,7 +615,7 @@ def report(rows: list[dict], cfg: LatencySweepConfig, missing: list) -> tuple[di
                "demonstrations": cfg.run.demonstrations,
                "eval": {"split": "test", "seed_base": cfg.run.test_seed, "episodes": cfg.eval_episodes},
                "cells": public(cells), "ceiling": ceiling, "verdicts": checks,
-               "missing": [list(c) for c in missing], "checkpoint": cfg.checkpoint,
+               "missing": [list(c) for c in missing], "runs": list(cfg.runs), "checkpoint": cfg.checkpoint,
                "checkpoint_digest": base_digest(cfg), "command": command(cfg),
                "machine": machine_info()}
     if cfg.base_digest:  # the cells ran where `arli pretrain` trains this base, not necessarily here
@@ -622,12 +624,28 @@ def report(rows: list[dict], cfg: LatencySweepConfig, missing: list) -> tuple[di
     return payload, md
 
 
+def rows_of_runs(cfg: LatencySweepConfig, cfg_dict: dict, done: dict[tuple, dict]) -> dict[tuple, dict]:
+    """``cfg.runs`` as rows (``arli.bench.sweep_runs``), each run's base alone checked against the
+    sweep's base cell at its delay where ``done`` has one."""
+    if not cfg.runs:
+        return {}
+    from arli.bench.sweep_runs import run_rows  # noqa: PLC0415 - it builds on this module
+
+    base = base_variant(cfg.chunking.strategy)
+    base_outcomes = {}
+    for (variant, delay, _), row in sorted(done.items(), key=lambda kv: str(kv[0])):
+        if variant == base:
+            base_outcomes.setdefault(delay, row["outcomes"])
+    return run_rows(cfg, cfg_dict, base_outcomes)
+
+
 def main(cfg: LatencySweepConfig) -> int:
     if not cfg.base_digest:  # rebuilding another machine's report needs no base here
         ensure_base_policy(cfg.checkpoint, cfg.pretrain, cfg.env)
     cfg_dict = cell_settings(cfg)
     os.makedirs(os.path.dirname(cfg.cache) or ".", exist_ok=True)
     done = load_cache([cfg.cache, committed_cells(cfg)], cfg_dict)
+    done.update(rows_of_runs(cfg, cfg_dict, done))  # a named run takes the place of its cell's cached row
     todo = [] if cfg.report_only else [c for c in plan(cfg) if c not in done]
     print(f"latency sweep: {len(done)} cells cached, {len(todo)} to run (budget {cfg.budget} env steps)")
     if todo:
@@ -643,10 +661,12 @@ def main(cfg: LatencySweepConfig) -> int:
                 start = f" (start {row['start_success']:.2f})" if "start_success" in row else ""
                 tqdm.write(f"{row['variant']:>18} d={row['delay_steps']} seed={row['seed']}: "
                            f"success {row['success']:.2f}{start}")
+    if todo:  # the runs' base, again against the base cells run just now
+        rows_of_runs(cfg, cfg_dict, done)
     missing = [c for c in plan(cfg) if c not in done]
     rows = [done[c] for c in plan(cfg) if c in done]
     payload, md = report(rows, cfg, missing)
-    write_cells(committed_cells(cfg), rows)
+    write_cells(committed_cells(cfg), [r for r in rows if "run_dir" not in r])  # runs stay in their directories
     os.makedirs(cfg.report_dir, exist_ok=True)
     plot(payload["cells"], payload["ceiling"], os.path.join(cfg.report_dir, f"{cfg.name}.png"),
          f"{cfg.env.name}: success vs delay (budget {cfg.budget} steps, {len(cfg.seeds)} seeds)")
@@ -688,9 +708,23 @@ def command(cfg: LatencySweepConfig) -> str:
     """The command line that reproduces this report (its cells, and where it is written)."""
     where = ([f"name={cfg.name}"] if cfg.name != "latency_sweep" else []) + \
         ([f"report_dir={cfg.report_dir}"] if cfg.report_dir != "reports" else [])
+    runs = [f"'runs=[{','.join(cfg.runs)}]'"] if cfg.runs else []
     return (f"arli bench latency-sweep env={cfg.env.name} budget={cfg.budget} "
             f"'seeds={list(cfg.seeds)}' 'delay_steps={list(cfg.delay_steps)}' eval_episodes={cfg.eval_episodes}"
-            + "".join(f" {o}" for o in [*non_default_settings(cfg), *where]))
+            + "".join(f" {o}" for o in [*non_default_settings(cfg), *runs, *where]))
+
+
+def _runs_markdown(cells: list[dict], report_dir: str) -> str:
+    """Which cells came from `arli finetune` runs (``runs``), and where each seed's run is
+    (linked from the report, which sits in ``report_dir``)."""
+    lines = [f"* {c['variant']}@{c['delay_steps']}: "
+             + ", ".join(f"seed {s} [`{d}`]({os.path.relpath(d, report_dir)})" for s, d in c["runs_by_seed"].items())
+             for c in cells if c.get("runs_by_seed")]
+    if not lines:
+        return ""
+    return ("Cells from finished `arli finetune` runs (`runs=[...]`, checked to be these cells: settings, base, "
+            "test episodes; their tune curves evaluated every `run.eval_every` of the run):\n\n"
+            + "\n".join(lines) + "\n\n")
 
 
 def _ci(ci, signed: bool = False) -> str:
@@ -741,6 +775,7 @@ def markdown(p: dict, cfg: LatencySweepConfig) -> str:
         "row weighted 1, the anchor rows fading as in the learner. Ceiling: `arli bench ceiling`'s projected expert "
         f"through the same scheduler at the default bound (`run.learner.residual_scale`), no gripper authority. "
         "Steps to 80%: the evaluated env step at which every seed reached 80% (tune episodes).\n\n"
-        + head + "\n".join(rows) + f"\n\n![latency sweep]({cfg.name}.png)\n\n"
+        + head + "\n".join(rows) + "\n\n" + _runs_markdown(p["cells"], cfg.report_dir)
+        + f"![latency sweep]({cfg.name}.png)\n\n"
         + verdict_markdown(p["verdicts"], cfg.budget) + f"\nMachine: {p['machine']}\n"
     )
