@@ -186,6 +186,13 @@ def test_finetune_entry_point_writes_a_consistent_run(tmp_path):
     deployed = report["outcomes"]["start"] if guard["reverted"] else report["outcomes"]["trained"]
     assert report["outcomes"]["final"] == deployed
     assert summary["env_steps_per_s"] > 0 and summary["updates_per_s"] > 0
+    # the code it ran (the learner among it, the CLI not) and its torch threads: what a sweep
+    # checks before it takes the run as a cell
+    from arli.bench.provenance import sources_unchanged
+
+    assert "arli/rl/learner.py" in summary["sources"] and "arli/finetune.py" in summary["sources"]
+    assert not any(k.startswith(("arli/commands/", "arli/bench/")) for k in summary["sources"])
+    assert sources_unchanged(summary["sources"]) and summary["torch_threads"] >= 1
     # a stable run says so for each evaluation (tests/test_sim_envs.py provokes an unstable one)
     assert summary["sim_unstable_episodes"] == {"test_base": 0, "test_start": 0, "test_final": 0, "run": 0}
     # where the training time went: every part measured, none negative, the loop's rest included

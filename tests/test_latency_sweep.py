@@ -500,10 +500,12 @@ def test_a_file_edited_while_a_worker_runs_makes_its_rows_stale(monkeypatch):
     import arli.stats  # noqa: F401
     import arli.types  # noqa: F401
 
-    monkeypatch.setattr(ls, "_FIRST_SEEN", {})
+    from arli.bench import provenance
+
+    monkeypatch.setattr(provenance, "_FIRST_SEEN", {})
     at_start = {rel: ls._file_digest(rel) for rel in ls._code_files()}
     assert "arli/rl/learner.py" in at_start and "sim_envs/peg_insert.py" in at_start
-    monkeypatch.setattr(ls, "_AT_START", {**at_start, "arli/stats.py": "0" * 16})  # edited since the start
+    monkeypatch.setattr(provenance, "_AT_START", {**at_start, "arli/stats.py": "0" * 16})  # edited since the start
     seen = ls.loaded_sources()
     assert seen["arli/stats.py"] == ls.CHANGED_WHILE_RUNNING
     assert seen["arli/types.py"] == at_start["arli/types.py"]
@@ -558,29 +560,38 @@ def test_base_digest_only_rebuilds_reports():
 
 
 # -- finished `arli finetune` runs as cells (runs=[...]) ----------------------------------
-def _finetune_run(root, name, *overrides, final=95, start=85, base=30, digest="expert", seed=0, episodes=N):
+def _finetune_run(root, name, *overrides, final=95, start=85, base=30, digest="expert", seed=0, episodes=N,
+                  summary=None):
     """A finished run's files as `arli finetune` writes them (its config through the same
-    composition and save), with hand-made outcomes on the sweep's 100 test episodes."""
+    composition and save), with hand-made outcomes on ``episodes`` test episodes; ``summary``:
+    keys to set in its summary.json."""
     from omegaconf import OmegaConf
 
+    from sim_envs import task_name
+
     cfg = compose("finetune", ["checkpoint=expert", "delay_steps=4", f"run.seed={seed}", "run.env_steps=100000",
-                               *overrides])
+                               f"run.test_episodes={episodes}", *overrides])
     d = root / name
     d.mkdir(parents=True)
     OmegaConf.save(OmegaConf.structured(cfg), d / "config.yaml")
     outcomes = {k: _hits(v, episodes) for k, v in (("base", base), ("start", start), ("trained", final),
                                                    ("final", final))}
-    (d / "eval_test.json").write_text(json.dumps({
-        "split": {"split": "test", "seed_base": 5_000_000, "episodes": episodes}, "outcomes": outcomes,
-        "success": {k: sum(v) / episodes for k, v in outcomes.items()}}))
+    split = {"split": "test", "seed_base": 5_000_000, "episodes": episodes}
+    (d / "eval_test.json").write_text(json.dumps({"split": split, "outcomes": outcomes,
+                                                  "success": {k: sum(v) / episodes for k, v in outcomes.items()}}))
+    history = [{"env_steps": x, "success": y} for x, y in ((0, 0.85), (25_010, 0.7), (50_020, 0.83), (100_000, 0.9))]
     (d / "summary.json").write_text(json.dumps({
-        "base_digest": digest, "steps_to_80": 20000, "history": [{"env_steps": 0, "success": start / N}],
-        "end_guard": {"split": "tune", "episodes": 30, "start": 0.8, "trained": 0.9, "reverted": False}}))
+        "env": task_name(cfg.env.name), "variant": cfg.run.variant, "regime": cfg.run.regime,
+        "strategy": cfg.chunking.strategy, "delay_steps": cfg.delay_steps, "eval": split,
+        "env_steps": cfg.run.env_steps + 17, "base_digest": digest, "steps_to_80": 0, "history": history,
+        "end_guard": {"split": "tune", "episodes": 30, "start": 0.8, "trained": 0.9, "reverted": False},
+        **(summary or {})}))
     return str(d)
 
 
-def _sweep_of_runs(tmp_path, runs, *extra, base=30):
-    """``main(report_only=true)`` over a cache holding only the base alone at d = 4 (seeds 0, 1)."""
+def _sweep_of_runs(tmp_path, runs, *extra, base=30, cached=None):
+    """``main(report_only=true)`` over a cache holding the base alone at d = 4 (seeds 0, 1) and
+    ``cached`` ({(variant, d): k or (k, start)}, hand-built rows)."""
     from arli.bench import latency_sweep as ls
 
     cache = tmp_path / "cells.jsonl"
@@ -589,34 +600,47 @@ def _sweep_of_runs(tmp_path, runs, *extra, base=30):
     cfg_dict = ls.cell_settings(cfg)
     sources = {"arli/stats.py": ls._file_digest("arli/stats.py")}
     rows = [{**r, "fingerprint": ls.fingerprint(cfg_dict, r["variant"]), "sources": sources}
-            for r in _rows({("base_naive", 4): base})]
+            for r in _rows({**({} if base is None else {("base_naive", 4): base}), **(cached or {})})]
     cache.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert ls.main(cfg) == 0
     return json.loads((tmp_path / "reports" / "of_runs.json").read_text())
 
 
-def test_finished_runs_fill_their_cells_and_stay_in_their_directories(tmp_path):
+def test_finished_runs_fill_their_cells_and_stay_in_their_directories(tmp_path, capsys):
+    from arli.bench import latency_sweep as ls
+
     runs = [_finetune_run(tmp_path, f"arli_s{s}", seed=s, final=95 - s) for s in (0, 1)]
     # a control by its learner; the curve's spacing is free (it changes no reported number)
     runs += [_finetune_run(tmp_path, f"bc_s{s}", "run.learner.q_weight=0", "run.eval_every=5000", seed=s, final=80)
              for s in (0, 1)]
-    report = _sweep_of_runs(tmp_path, runs)
+    # a run that recorded its code (this code) and threads (the sweep's): checked, not flagged
+    runs += [_finetune_run(tmp_path, f"uniform_s{s}", "run.learner.awr_weights=uniform", seed=s, final=86,
+                           summary={"sources": {"arli/stats.py": ls._file_digest("arli/stats.py")},
+                                    "torch_threads": 1}) for s in (0, 1)]
+    # the cache's own arli@4 row is replaced by the named runs
+    report = _sweep_of_runs(tmp_path, runs, cached={("arli", 4): (10, 10)})
+    assert "replaces the cached arli@4 row of seed 0" in capsys.readouterr().out
     cells = {(c["variant"], c["delay_steps"]): c for c in report["cells"]}
-    arli, bc = cells[("arli", 4)], cells[("bc_control", 4)]
+    arli, bc, uniform = cells[("arli", 4)], cells[("bc_control", 4)], cells[("uniform_control", 4)]
     assert arli["per_seed"] == [0.95, 0.94] and arli["start_mean"] == 0.85 and arli["complete"]
     assert arli["runs_by_seed"] == {"0": runs[0], "1": runs[1]} and bc["success_mean"] == 0.80
+    assert uniform["success_mean"] == 0.86 and uniform["runs_unrecorded_seeds"] == []
+    assert arli["runs_unrecorded_seeds"] == [0, 1]
+    # steps to 80% at the sweep's points (quarters of the budget), not the run's step-0 point
+    assert arli["steps_to_80"] == 50_020
     assert "runs_by_seed" not in cells[("base_naive", 4)]
     claims = {v["claim"]: v["holds"] for v in report["verdicts"]}
     assert claims["arli@4 >= bc_control@4 + 0.05 (paired CI of the difference)"] is True
     assert report["runs"] == runs
     md = (tmp_path / "reports" / "of_runs.md").read_text()
     assert "'runs=[" in md and "* arli@4: seed 0 [`" in md
+    assert "(seeds [0, 1]: code and torch threads not recorded, not checked)" in md
     # the committed rows are the sweep's own cells: the runs are read from their directories
     kept = [json.loads(x) for x in (tmp_path / "reports" / "of_runs" / "cells.jsonl").read_text().splitlines()]
-    assert {r["variant"] for r in kept} == {"base_naive"}
+    assert {r["variant"] for r in kept} == {"base_naive", "arli"} and all("run_dir" not in r for r in kept)
 
 
-def test_a_run_of_another_recipe_base_or_cell_is_refused_naming_what_differs(tmp_path):
+def test_a_run_of_another_recipe_base_code_or_cell_is_refused_naming_what_differs(tmp_path):
     from arli.config import ConfigError
 
     def refused(run, *extra, base=30):
@@ -625,7 +649,9 @@ def test_a_run_of_another_recipe_base_or_cell_is_refused_naming_what_differs(tmp
         return str(err.value)
 
     msg = refused(_finetune_run(tmp_path, "lr", "run.learner.actor_lr=0.001"))
-    assert "run.learner.actor_lr=0.001" in msg and "3e-05" in msg
+    assert "run.learner.actor_lr=0.001 (the sweep's: 3e-05)" in msg
+    assert "env.dt=0.1 (the sweep's: 0.05)" in refused(_finetune_run(tmp_path, "dt", "env.dt=0.1"))
+    assert "chunking.execute_horizon=6" in refused(_finetune_run(tmp_path, "h6", "chunking.execute_horizon=6"))
     assert "ran 50000 env steps; the sweep's budget is 100000" in refused(
         _finetune_run(tmp_path, "short", "run.env_steps=50000"))
     assert "other test episodes" in refused(_finetune_run(tmp_path, "other_base", base=31))
@@ -633,7 +659,19 @@ def test_a_run_of_another_recipe_base_or_cell_is_refused_naming_what_differs(tmp
     assert "not one of the sweep's seeds" in refused(_finetune_run(tmp_path, "seed7", seed=7))
     assert "delay_steps=8" in refused(_finetune_run(tmp_path, "d8", "delay_steps=8"))
     assert "has test episodes {'split': 'test', 'seed_base': 5000000, 'episodes': 50}" in refused(
-        _finetune_run(tmp_path, "fewer", "run.test_episodes=50", episodes=50))
+        _finetune_run(tmp_path, "fewer", episodes=50))
+    assert "resumed from" in refused(_finetune_run(tmp_path, "resumed", "resume=outputs/x/checkpoint"))
+    # the summary of another run left in the same directory
+    msg = refused(_finetune_run(tmp_path, "stale", summary={"variant": "standard", "env_steps": 5000}))
+    assert "variant='standard'" in msg and "env_steps=5000" in msg and "rerun it" in msg
+    # recorded code that is not this code, recorded threads that are not the sweep's
+    assert "ran other code than is here (arli/stats.py changed)" in refused(
+        _finetune_run(tmp_path, "code", summary={"sources": {"arli/stats.py": "0" * 16}}))
+    assert "ran 2 torch threads, the sweep's cells 1" in refused(
+        _finetune_run(tmp_path, "threads", summary={"torch_threads": 2}))
+    # a run that saved no base digest is checked by the base alone's outcomes, or refused without them
+    assert "add `base_naive` at d = 4" in refused(_finetune_run(tmp_path, "nodigest", summary={"base_digest": None}),
+                                                  base=None)
     twice = [_finetune_run(tmp_path, "a", seed=0), _finetune_run(tmp_path, "b", seed=0)]
     with pytest.raises(ConfigError, match="both the arli@4 cell of seed 0"):
         _sweep_of_runs(tmp_path, twice)

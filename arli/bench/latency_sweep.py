@@ -28,38 +28,14 @@ import hashlib
 import inspect
 import json
 import os
-import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, replace
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CODE_PACKAGES = ("arli/", "sim_envs/", "robot_drivers/")
-# cannot change a cell's result: the CLI, reports, and the command schemas (``arli/config.py``:
-# the values it gives reach a cell only through the settings the fingerprint hashes)
-REPORT_ONLY_SOURCES = ("arli/cli.py", "arli/commands/", "arli/bench/", "arli/config.py")
-
-
-def _file_digest(rel: str) -> str | None:
-    try:
-        with open(os.path.join(REPO, rel), "rb") as fh:
-            return hashlib.sha1(fh.read()).hexdigest()[:16]
-    except OSError:
-        return None
-
-
-_FIRST_SEEN: dict[str, str] = {}  # per process: a module's digest when it was first seen loaded
-CHANGED_WHILE_RUNNING = "changed-while-running"  # never a file's digest: the row is stale
-
-
-def _code_files() -> list[str]:
-    return sorted(os.path.relpath(os.path.join(root, name), REPO).replace(os.sep, "/")
-                  for package in CODE_PACKAGES for root, _, files in os.walk(os.path.join(REPO, package))
-                  for name in files if name.endswith(".py"))
-
-
-# every code file's digest before this module imports the code cells run: forked workers
-# inherit the modules imported here (read from disk now) and this snapshot with them
-_AT_START: dict[str, str | None] = {rel: _file_digest(rel) for rel in _code_files()}
+# first: the snapshot of every code file (``provenance``) before this module imports the code
+# cells run; forked workers inherit the modules imported here and the snapshot with them
+from arli.bench.provenance import (  # noqa: E402, I001
+    _AT_START, CHANGED_WHILE_RUNNING, REPORT_ONLY_SOURCES, _code_files, _file_digest, loaded_sources,
+    sources_unchanged)
 
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
@@ -327,6 +303,8 @@ def aggregate(rows: list[dict], cfg: LatencySweepConfig) -> list[dict]:
                         code_digests=sorted({_code_digest(r.get("sources")) for r in group}, key=str))
             if any("run_dir" in r for r in group):  # from `arli finetune` runs (``runs``): where each is
                 cell["runs_by_seed"] = {str(r["seed"]): r["run_dir"] for r in group if "run_dir" in r}
+                # runs saved before summaries recorded their code and threads: neither is checked
+                cell["runs_unrecorded_seeds"] = [r["seed"] for r in group if "run_dir" in r and not r.get("sources")]
             if variant in RL_VARIANTS:
                 starts = np.array([r["start_outcomes"] for r in group], float)
                 cell.update(start_mean=_r(starts.mean()), gain_ci95=_interval(gain_ci(finals, starts)),
@@ -542,24 +520,6 @@ def plot(cells: list[dict], ceiling: list[dict], path: str, title: str) -> None:
             ax.set_xticks(delays)
 
 
-def loaded_sources() -> dict[str, str]:
-    """{repo-relative path: content digest} of every repository module this process has
-    imported (minus the CLI and report code): after a cell ran, exactly the code its result
-    can depend on (a worker's earlier cells can only add files, never hide one). A module
-    first imported during a cell is read from disk then, so a file edited since the worker
-    started cannot be told apart from the one that ran: it is recorded as
-    ``CHANGED_WHILE_RUNNING`` and its rows run again next time."""
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if not path or not os.path.abspath(path).startswith(REPO + os.sep):
-            continue
-        rel = os.path.relpath(os.path.abspath(path), REPO).replace(os.sep, "/")
-        if rel.startswith(CODE_PACKAGES) and not rel.startswith(REPORT_ONLY_SOURCES) and rel not in _FIRST_SEEN:
-            now = _file_digest(rel)
-            _FIRST_SEEN[rel] = now if now is not None and _AT_START.get(rel, now) == now else CHANGED_WHILE_RUNNING
-    return dict(sorted(_FIRST_SEEN.items()))
-
-
 def init_worker() -> None:
     """Pool initializer: import what cells run and note the loaded files' digests right away
     (against the snapshot taken when this module was first imported: inherited by a forked
@@ -571,13 +531,6 @@ def init_worker() -> None:
     import sim_envs.experts  # noqa: F401, PLC0415
 
     loaded_sources()
-
-
-def sources_unchanged(sources: dict[str, str] | None) -> bool:
-    """True when every file a cached cell ran still has the content it had (a row without
-    the list, from an older sweep, is stale)."""
-    return bool(sources) and all(digest is not None and _file_digest(rel) == digest for rel, digest in sources.items()
-                                 if not rel.startswith(REPORT_ONLY_SOURCES))
 
 
 def cell_code() -> str:
@@ -624,28 +577,21 @@ def report(rows: list[dict], cfg: LatencySweepConfig, missing: list) -> tuple[di
     return payload, md
 
 
-def rows_of_runs(cfg: LatencySweepConfig, cfg_dict: dict, done: dict[tuple, dict]) -> dict[tuple, dict]:
-    """``cfg.runs`` as rows (``arli.bench.sweep_runs``), each run's base alone checked against the
-    sweep's base cell at its delay where ``done`` has one."""
-    if not cfg.runs:
-        return {}
-    from arli.bench.sweep_runs import run_rows  # noqa: PLC0415 - it builds on this module
-
-    base = base_variant(cfg.chunking.strategy)
-    base_outcomes = {}
-    for (variant, delay, _), row in sorted(done.items(), key=lambda kv: str(kv[0])):
-        if variant == base:
-            base_outcomes.setdefault(delay, row["outcomes"])
-    return run_rows(cfg, cfg_dict, base_outcomes)
-
-
 def main(cfg: LatencySweepConfig) -> int:
     if not cfg.base_digest:  # rebuilding another machine's report needs no base here
         ensure_base_policy(cfg.checkpoint, cfg.pretrain, cfg.env)
     cfg_dict = cell_settings(cfg)
     os.makedirs(os.path.dirname(cfg.cache) or ".", exist_ok=True)
     done = load_cache([cfg.cache, committed_cells(cfg)], cfg_dict)
-    done.update(rows_of_runs(cfg, cfg_dict, done))  # a named run takes the place of its cell's cached row
+    replaced = {}  # cached rows a named run takes the place of: kept with the committed cells
+    if cfg.runs:
+        from arli.bench.sweep_runs import run_rows  # noqa: PLC0415 - it builds on this module
+
+        runs = run_rows(cfg, cfg_dict, done)
+        replaced = {key: done[key] for key in runs if key in done}
+        for key in sorted(replaced, key=str):
+            print(f"latency sweep: {runs[key]['run_dir']} replaces the cached {key[0]}@{key[1]} row of seed {key[2]}")
+        done.update(runs)
     todo = [] if cfg.report_only else [c for c in plan(cfg) if c not in done]
     print(f"latency sweep: {len(done)} cells cached, {len(todo)} to run (budget {cfg.budget} env steps)")
     if todo:
@@ -661,12 +607,13 @@ def main(cfg: LatencySweepConfig) -> int:
                 start = f" (start {row['start_success']:.2f})" if "start_success" in row else ""
                 tqdm.write(f"{row['variant']:>18} d={row['delay_steps']} seed={row['seed']}: "
                            f"success {row['success']:.2f}{start}")
-    if todo:  # the runs' base, again against the base cells run just now
-        rows_of_runs(cfg, cfg_dict, done)
+    if todo and cfg.runs:  # the runs' base alone, again: against the base cells run just now
+        run_rows(cfg, cfg_dict, done)
     missing = [c for c in plan(cfg) if c not in done]
     rows = [done[c] for c in plan(cfg) if c in done]
     payload, md = report(rows, cfg, missing)
-    write_cells(committed_cells(cfg), [r for r in rows if "run_dir" not in r])  # runs stay in their directories
+    # runs stay in their directories
+    write_cells(committed_cells(cfg), [r for r in rows if "run_dir" not in r] + list(replaced.values()))
     os.makedirs(cfg.report_dir, exist_ok=True)
     plot(payload["cells"], payload["ceiling"], os.path.join(cfg.report_dir, f"{cfg.name}.png"),
          f"{cfg.env.name}: success vs delay (budget {cfg.budget} steps, {len(cfg.seeds)} seeds)")
@@ -719,12 +666,15 @@ def _runs_markdown(cells: list[dict], report_dir: str) -> str:
     (linked from the report, which sits in ``report_dir``)."""
     lines = [f"* {c['variant']}@{c['delay_steps']}: "
              + ", ".join(f"seed {s} [`{d}`]({os.path.relpath(d, report_dir)})" for s, d in c["runs_by_seed"].items())
+             + (f" (seeds {c['runs_unrecorded_seeds']}: code and torch threads not recorded, not checked)"
+                if c.get("runs_unrecorded_seeds") else "")
              for c in cells if c.get("runs_by_seed")]
     if not lines:
         return ""
-    return ("Cells from finished `arli finetune` runs (`runs=[...]`, checked to be these cells: settings, base, "
-            "test episodes; their tune curves evaluated every `run.eval_every` of the run):\n\n"
-            + "\n".join(lines) + "\n\n")
+    return ("Cells from finished `arli finetune` runs (`runs=[...]`), each checked to be this sweep's cell: every "
+            "setting but the curve's spacing, budget, test episodes, training seed, base (digest and the base "
+            "alone's outcomes), and, where the run recorded them, its code and torch threads; steps to 80% read "
+            "from the run's tune curve at the sweep's points:\n\n" + "\n".join(lines) + "\n\n")
 
 
 def _ci(ci, signed: bool = False) -> str:

@@ -13,6 +13,9 @@ import numpy as np
 
 from omegaconf import OmegaConf
 
+# first: the snapshot of the code files before the run imports the code it runs (the summary's
+# ``sources``)
+from arli.bench.provenance import loaded_sources  # noqa: I001
 from arli.bench.common import success_plot
 from arli.config import FinetuneConfig
 from arli.policies.load import EXPERT, policy_digest
@@ -109,6 +112,12 @@ def base_identity(checkpoint: str) -> str:
     """Which base a run finetuned, so runs on different bases are never pooled or paired: the
     content digest of a local checkpoint (or ``expert``), else the hub id as given."""
     return policy_digest(checkpoint) if checkpoint == EXPERT or os.path.isdir(checkpoint) else f"id:{checkpoint}"
+
+
+def torch_threads() -> int:
+    import torch  # noqa: PLC0415
+
+    return torch.get_num_threads()
 
 
 def main(cfg: FinetuneConfig) -> int:
@@ -225,6 +234,9 @@ def main(cfg: FinetuneConfig) -> int:
                                   "test_final": final["sim_unstable_episodes"], "run": ft.unstable_episodes},
         "history": ft.history, "episodes": ft.episode_log,
         "wall_s": round(time.time() - start, 1), "run_dir": run_dir,
+        # what else a result depends on: the code that ran (file digests, as a sweep cell records
+        # them) and torch's thread count (a policy's float sums follow it)
+        "sources": loaded_sources(), "torch_threads": torch_threads(),
     }
     with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=1)
