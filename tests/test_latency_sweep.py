@@ -50,12 +50,13 @@ def test_latency_sweep_cells_cache_and_report(tmp_path):
     assert keys == {("base_naive", 4), ("arli", 4), ("standard_d0", 0), ("bc_control", 4), ("uniform_control", 4),
                     ("anchor_only", 4)}
     for c in out["cells"]:
-        assert set(c) >= REQUIRED_CELL and c["seeds"] == [0, 1] and 0 <= c["success_mean"] <= 1
+        assert set(c) >= REQUIRED_CELL and 0 <= c["success_mean"] <= 1
+        assert c["seeds"] == ([] if c["variant"] == "base_naive" else [0, 1])  # the base alone: once
         assert c["ci95"][0] <= c["success_mean"] <= c["ci95"][1]
         assert (c["start_mean"] is None) == (c["variant"] == "base_naive")
     assert [c["delay_steps"] for c in out["ceiling"]] == [4] and 0 <= out["ceiling"][0]["success"] <= 1
     rows = [json.loads(line) for line in (tmp_path / "cells.jsonl").read_text().splitlines()]
-    assert len(rows) == 13 and all(r["budget"] == 150 for r in rows)  # 6 variants x 2 seeds + 1 ceiling cell
+    assert len(rows) == 12 and all(r["budget"] == 150 for r in rows)  # 5 variants x 2 seeds + base + ceiling
     # anchor_only never trains online: its curve is empty and its start is its final; the others train
     by_cell = {(r["variant"], r["seed"]): r for r in rows}
     assert by_cell[("anchor_only", 0)]["curve"] == [] and len(by_cell[("arli", 0)]["curve"]) >= 1
@@ -148,11 +149,14 @@ def _cfg(*extra):
 
 
 def _rows(spec: dict, seeds=(0, 1)) -> list[dict]:
-    """{(variant, d): k or (k, start)} -> rows for every seed (the ceiling: one row)."""
+    """{(variant, d): k or (k, start)} -> rows for every seed (the base alone and the ceiling:
+    one row, no seed)."""
+    from arli.bench.latency_sweep import seedless
+
     rows = []
     for (variant, d), k in spec.items():
         k, start = k if isinstance(k, tuple) else (k, None)
-        rows += [_row(variant, d, None, k)] if variant == "ceiling" else \
+        rows += [_row(variant, d, None, k)] if seedless(variant) else \
             [_row(variant, d, s, k, start) for s in seeds]
     return rows
 
@@ -330,9 +334,10 @@ def test_the_report_writes_every_required_field(tmp_path):
     keys = {(c["variant"], c["delay_steps"]) for c in report["cells"]}
     assert len(keys) == 3 * 3 + 4 * 3 + 2 + 1  # base x3, arli / ablations / standard, bc x2, uniform x1
     for c in report["cells"]:
-        assert set(c) >= REQUIRED_CELL and c["seeds"] == [0, 1]
+        once = c["variant"].startswith("base_")  # the base alone: one row, no training seed
+        assert set(c) >= REQUIRED_CELL and c["seeds"] == ([] if once else [0, 1])
         assert c["ci95"][0] <= c["success_mean"] <= c["ci95"][1]
-        assert "_outcomes" not in c and set(c["outcomes_by_seed"]) == {"0", "1"}
+        assert "_outcomes" not in c and set(c["outcomes_by_seed"]) == ({"all"} if once else {"0", "1"})
         assert all(len(b) == 100 and set(b) <= {"0", "1"} for b in c["outcomes_by_seed"].values())
         if c["variant"].startswith("base_"):
             assert c["start_mean"] is None and c["gain_ci95"] is None
@@ -364,14 +369,14 @@ def test_a_cached_rl_row_without_its_anchored_start_is_recomputed(tmp_path):
     path = tmp_path / "cells.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in old))
     done = ls.load_cache([str(path)], cfg_dict)
-    assert set(done) == {("base_naive", 4, 0), ("base_naive", 4, 1)}  # the arli rows are to run again
+    assert set(done) == {("base_naive", 4, None)}  # the arli rows are to run again
     assert [c for c in ls.plan(cfg) if c not in done] == [("arli", 4, 0), ("arli", 4, 1)]
     # the complete rows in a second file (the report's committed cells) fill in what the first lacks
     other = tmp_path / "committed.jsonl"
     other.write_text("".join(json.dumps(r) + "\n" for r in complete))
-    assert len(ls.load_cache([str(path), str(other)], cfg_dict)) == 4
+    assert len(ls.load_cache([str(path), str(other)], cfg_dict)) == 3
     path.write_text("".join(json.dumps(r) + "\n" for r in complete))
-    assert len(ls.load_cache([str(path)], cfg_dict)) == 4
+    assert len(ls.load_cache([str(path)], cfg_dict)) == 3
     # a cell run with another torch thread count summed its floats in another order: not reused
     assert not ls.load_cache([str(path)], {**cfg_dict, "threads_per_worker": cfg_dict["threads_per_worker"] + 1})
 
@@ -514,6 +519,47 @@ def test_a_file_edited_while_a_worker_runs_makes_its_rows_stale(monkeypatch):
     assert not ls.sources_unchanged({"arli/types.py": None})
 
 
+def test_the_base_alone_runs_once_per_delay_and_old_per_seed_rows_collapse(tmp_path):
+    """The base alone depends on no training seed: the plan runs it once per delay. A sweep
+    that ran it per seed left copies: they load as the one cell, are rewritten as one row, and
+    its interval is that of one measurement, not of three seeds; copies that disagree are refused."""
+    from arli.bench import latency_sweep as ls
+    from arli.stats import success_ci
+
+    cfg = compose("bench_latency_sweep", ["checkpoint=expert"])  # seeds 10-12, d 0 / 4 / 8
+    cells = ls.plan(cfg)
+    base = [c for c in cells if c[0] in ls.BASE_VARIANTS]
+    assert sorted(base) == sorted((v, d, None) for v in ls.BASE_VARIANTS for d in (0, 4, 8))
+    assert sorted(s for v, d, s in cells if v == "arli" and d == 4) == [10, 11, 12]
+
+    cfg = _cfg("delay_steps=[4]", "variants=[base_naive,arli]")
+    cfg_dict = ls.cell_settings(cfg)
+    sources = {"arli/stats.py": ls._file_digest("arli/stats.py")}
+    outcomes = [1, 0, 1, 1] * 25
+    old = [{**_row("base_naive", 4, s, 0), "outcomes": outcomes, "success": 0.75,
+            "fingerprint": ls.fingerprint(cfg_dict, "base_naive"), "sources": sources} for s in (0, 1)]
+    arli = [{**r, "fingerprint": ls.fingerprint(cfg_dict, "arli"), "sources": sources}
+            for r in _rows({("arli", 4): (90, 80)})]
+    committed = tmp_path / "name" / "cells.jsonl"
+    committed.parent.mkdir()
+    committed.write_text("".join(json.dumps(r) + "\n" for r in old + arli))
+    done = ls.load_cache([str(committed)], cfg_dict)
+    assert set(done) == {("base_naive", 4, None), ("arli", 4, 0), ("arli", 4, 1)}
+    assert done[("base_naive", 4, None)]["seed"] is None and not [c for c in ls.plan(cfg) if c not in done]
+    ls.write_cells(str(committed), [done[c] for c in ls.plan(cfg)])  # the copies give way to the one row
+    kept = [json.loads(line) for line in committed.read_text().splitlines()]
+    assert sorted(str(r["seed"]) for r in kept if r["variant"] == "base_naive") == ["None"]
+    cells = {c["variant"]: c for c in ls.aggregate(old + arli, cfg)}
+    assert cells["base_naive"]["seeds"] == [] and cells["base_naive"]["complete"] is True
+    assert cells["base_naive"]["ci95"] == [round(x, 4) for x in success_ci([outcomes])]
+    assert cells["base_naive"]["outcomes_by_seed"] == {"all": ls._bits(outcomes)}
+    (harm,) = [c for c in ls.verdicts(list(cells.values()), [], [4]) if c["family"] == "not_below_base"
+               and "@4" in c["claim"]]
+    assert harm["values"]["difference"] == 0.15 and harm["holds"] is True
+    with pytest.raises(ValueError, match="base_naive@4: two rows of the base alone"):
+        ls.aggregate([old[0], {**old[1], "outcomes": outcomes[::-1]}, *arli], cfg)
+
+
 def test_committed_cells_merge_and_the_first_valid_row_wins(tmp_path):
     """A rerun with fewer variants never drops committed rows; with a valid row for the same
     cell in the run cache and in the committed file, the run cache's is used."""
@@ -527,8 +573,8 @@ def test_committed_cells_merge_and_the_first_valid_row_wins(tmp_path):
     committed = tmp_path / "name" / "cells.jsonl"
     ls.write_cells(str(committed), rows)
     ls.write_cells(str(committed), [r for r in rows if r["variant"] == "base_naive"])  # fewer variants
-    assert len(ls.load_cache([str(committed)], cfg_dict)) == 4
-    assert len(committed.read_text().splitlines()) == 4 and not list(committed.parent.glob("*.tmp"))
+    assert len(ls.load_cache([str(committed)], cfg_dict)) == 3
+    assert len(committed.read_text().splitlines()) == 3 and not list(committed.parent.glob("*.tmp"))
     other = [{**r, "success": 0.5} if r["variant"] == "arli" else r for r in rows]
     cache = tmp_path / "cache.jsonl"
     cache.write_text("".join(json.dumps(r) + "\n" for r in other))

@@ -139,18 +139,22 @@ def run_cell(cfg_dict: dict, variant: str, delay: int, seed: int | None) -> dict
             "steps_to_80": reached, "curve": ft.history, "sources": loaded_sources()}
 
 
+def seedless(variant: str) -> bool:
+    """A cell that depends on no training seed (the base alone, the ceiling): one per delay."""
+    return variant == CEILING or variant in BASE_VARIANTS
+
+
 def plan(cfg: LatencySweepConfig) -> list[tuple[str, int, int | None]]:
     """All (variant, delay, seed) cells, the headline delay (4) and the ideal reference
-    first, so an interrupted sweep still answers the main question; the ceiling has one
-    cell per delay (seed None)."""
+    first, so an interrupted sweep still answers the main question; the base alone and the
+    ceiling have one cell per delay (seed None): neither depends on a training seed."""
     cells = []
     for seed in cfg.seeds:
         for variant in cfg.variants:
-            if variant == CEILING or (variant == IDEAL and _ideal_is_standard_d0(cfg)):
+            if seedless(variant) or (variant == IDEAL and _ideal_is_standard_d0(cfg)):
                 continue  # the ideal: the same runs as `standard` at d = 0, not computed twice
             cells += [(variant, d, seed) for d in variant_delays(variant, cfg)]
-    if CEILING in cfg.variants:
-        cells += [(CEILING, d, None) for d in variant_delays(CEILING, cfg)]
+    cells += [(v, d, None) for v in cfg.variants if seedless(v) for d in variant_delays(v, cfg)]
     order = {4: 0, 0: 1}
     return sorted(cells, key=lambda c: (order.get(c[1], 2), c[1], -1 if c[2] is None else c[2]))
 
@@ -197,7 +201,8 @@ def load_cache(paths: list[str], cfg_dict: dict) -> dict[tuple, dict]:
     """Cached cells, from every file of ``paths`` (the run cache, then the report's committed
     cells), whose settings match, whose row is complete and every source file they ran is
     unchanged; where several files hold a valid row for a cell, the first file's first row
-    wins (rerunning a cell means deleting it from both files)."""
+    wins (rerunning a cell means deleting it from both files). A base-alone row of a sweep
+    that ran the base once per training seed serves as the base's one cell (``seedless``)."""
     if isinstance(paths, str):
         raise TypeError("load_cache: paths is a list of files, not one path")
     done = {}
@@ -207,6 +212,8 @@ def load_cache(paths: list[str], cfg_dict: dict) -> dict[tuple, dict]:
         with open(path, encoding="utf-8") as fh:
             for line in fh:
                 row = json.loads(line)
+                if seedless(row["variant"]):
+                    row = {**row, "seed": None}
                 key = (row["variant"], row["delay_steps"], row["seed"])
                 if (key not in done and row.get("fingerprint") == fingerprint(cfg_dict, row["variant"])
                         and row_complete(row) and sources_unchanged(row.get("sources"))):
@@ -225,12 +232,16 @@ def write_cells(path: str, rows: list[dict]) -> None:
     settings: a rerun with fewer variants, or under settings its rows do not match, never
     loses committed cells (``load_cache`` picks the valid ones)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    ours = {(r["variant"], r["delay_steps"], r["seed"], r.get("fingerprint")) for r in rows}
+
+    def key(row: dict) -> tuple:  # a base-alone row under any training seed is the base's one cell
+        return row["variant"], row["delay_steps"], None if seedless(row["variant"]) else row["seed"], \
+            row.get("fingerprint")
+
+    ours = {key(r) for r in rows}
     kept = []
     if os.path.exists(path):
         with open(path, encoding="utf-8") as fh:
-            kept = [row for row in map(json.loads, fh)
-                    if (row["variant"], row["delay_steps"], row["seed"], row.get("fingerprint")) not in ours]
+            kept = [row for row in map(json.loads, fh) if key(row) not in ours]
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.writelines(json.dumps(row, sort_keys=True) + "\n" for row in [*rows, *kept])
@@ -260,11 +271,34 @@ def _code_digest(sources: dict | None) -> str | None:
     return hashlib.sha1(json.dumps(code, sort_keys=True).encode()).hexdigest()[:12] if code else None
 
 
+def once_per_delay(rows: list[dict]) -> list[dict]:
+    """``rows`` with one row (seed None) per base-alone cell: rows of the same base at one
+    delay under several training seeds (older sweeps ran it per seed) are one measurement, and
+    counting its copies as seeds would narrow its interval. Raises where they disagree."""
+    out, first = [], {}
+    for r in rows:
+        if not seedless(r["variant"]):
+            out.append(r)
+            continue
+        key = (r["variant"], r["delay_steps"])
+        if key not in first:
+            first[key] = {**r, "seed": None}
+            out.append(first[key])
+        elif list(first[key]["outcomes"]) != list(r["outcomes"]):
+            raise ValueError(f"{key[0]}@{key[1]}: two rows of the base alone with other test outcomes (seeds "
+                             f"{first[key].get('seed')!r}, {r['seed']!r}); it depends on no training seed, so one "
+                             "ran other code, threads or base: delete the stale row from the cells file")
+    return out
+
+
 def aggregate(rows: list[dict], cfg: LatencySweepConfig) -> list[dict]:
     """One cell per (variant, delay) with rows: success over its seeds with the two-level
     bootstrap interval; for residual-RL cells the anchored start and the paired gain
-    (final - start on the same seeds and episodes). Keys starting with ``_`` (per-seed
-    outcomes, for the paired verdicts) are not written to the report."""
+    (final - start on the same seeds and episodes). A base-alone cell has one row and no
+    seeds (``seeds`` []): it is complete, and its outcomes stand for every seed in the paired
+    verdicts. Keys starting with ``_`` (per-seed outcomes, for the paired verdicts) are not
+    written to the report."""
+    rows = once_per_delay(rows)
     if IDEAL in cfg.variants and _ideal_is_standard_d0(cfg):
         rows = [r for r in rows if r["variant"] != IDEAL]
         rows += [{**r, "variant": IDEAL} for r in rows if r["variant"] == "standard" and r["delay_steps"] == 0]
@@ -285,9 +319,10 @@ def aggregate(rows: list[dict], cfg: LatencySweepConfig) -> list[dict]:
             finals = np.array([r["outcomes"] for r in group], float)  # (seeds, episodes)
             reached = [r["steps_to_80"] for r in group]
             cell = {
-                "variant": variant, "delay_steps": d, "seeds": [r["seed"] for r in group],
-                # every training seed of the sweep: only complete cells enter a verdict
-                "complete": {r["seed"] for r in group} == set(cfg.seeds),
+                "variant": variant, "delay_steps": d, "seeds": [r["seed"] for r in group if r["seed"] is not None],
+                # every training seed of the sweep (the base alone: its one row): only complete cells
+                # enter a verdict
+                "complete": seedless(variant) or {r["seed"] for r in group} == set(cfg.seeds),
                 "success_mean": _r(finals.mean()),
                 # 95% two-level bootstrap interval over training seeds and the shared test episodes
                 "ci95": _interval(success_ci(finals)),
@@ -299,7 +334,8 @@ def aggregate(rows: list[dict], cfg: LatencySweepConfig) -> list[dict]:
             }
             # what was run, per training seed: every test episode's outcome, and the digest of
             # the code files the cell ran (cells that ran the same code share it)
-            cell.update(outcomes_by_seed={str(r["seed"]): _bits(r["outcomes"]) for r in group},
+            cell.update(outcomes_by_seed={"all" if r["seed"] is None else str(r["seed"]): _bits(r["outcomes"])
+                                          for r in group},
                         code_digests=sorted({_code_digest(r.get("sources")) for r in group}, key=str))
             if any("run_dir" in r for r in group):  # from `arli finetune` runs (``runs``): where each is
                 cell["runs_by_seed"] = {str(r["seed"]): r["run_dir"] for r in group if "run_dir" in r}
@@ -339,8 +375,8 @@ def public(cells: list[dict]) -> list[dict]:
 # -- verdicts -----------------------------------------------------------------------------
 def paired_difference(a: dict, b: dict) -> dict | None:
     """mean(a) - mean(b) with its paired 95% interval, on the training seeds both cells have
-    and their shared test episodes (a base-policy ``b`` that shares no seed with ``a``: its
-    first seed's outcomes stand for every seed, the base does not depend on one)."""
+    and their shared test episodes (a base-alone ``b``, one row with no seed: its outcomes
+    stand for every seed of ``a``, the base does not depend on one)."""
     seeds = sorted(set(a["_outcomes"]) & set(b["_outcomes"]))
     if seeds:
         x = np.array([a["_outcomes"][s] for s in seeds], float)
@@ -689,6 +725,7 @@ def markdown(p: dict, cfg: LatencySweepConfig) -> str:
     rows = []
     for c in sorted(p["cells"], key=lambda c: (cfg.variants.index(c["variant"]), c["delay_steps"])):
         partial = "" if c["complete"] else " (partial: no verdict uses it)"
+        seeds = f"{c['seeds']}{partial}" if c["seeds"] else "— (once: no training seed)"
         start = "—" if c["start_mean"] is None else f"{c['start_mean']:.3f}{_ci(c.get('start_ci95'))}"
         if c.get("start_is_base_seeds"):
             start += f" (= the base's outcomes on seeds {c['start_is_base_seeds']})"
@@ -696,7 +733,7 @@ def markdown(p: dict, cfg: LatencySweepConfig) -> str:
         if c.get("start_deployed_seeds"):
             gain += f" (end guard: the start deployed on seeds {c['start_deployed_seeds']})"
         reached = "not reached" if c["steps_to_80"] is None else c["steps_to_80"]
-        rows.append(f"| {c['variant']} | {c['delay_steps']} | {c['seeds']}{partial} | "
+        rows.append(f"| {c['variant']} | {c['delay_steps']} | {seeds} | "
                     f"{c['success_mean']:.3f}{_ci(c['ci95'])} | {start} | {gain} | {reached} |")
     for c in p["ceiling"]:
         rows.append(f"| **ceiling** (projected expert, bound {c['scale']}, no grip authority) | {c['delay_steps']} | "
