@@ -79,11 +79,11 @@ def test_latency_sweep_cells_cache_and_report(tmp_path):
     # a second run finds every cell in the cache and runs nothing new
     again = _sweep(tmp_path, in_process=True)
     assert again["cells"] == out["cells"]
-    assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 13
+    assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 12
     # the report keeps the rows it was built from: a fresh clone (empty run cache, the same
     # code and base) reruns the command and runs nothing
     committed = tmp_path / "reports" / "latency_sweep" / "cells.jsonl"
-    assert len(committed.read_text().splitlines()) == 13
+    assert len(committed.read_text().splitlines()) == 12
     fresh = _sweep(tmp_path, cache="fresh.jsonl", in_process=True)
     assert fresh["cells"] == out["cells"] and not (tmp_path / "fresh.jsonl").exists()
     # each row lists the source files its cell ran: the residual cells ran the learner, the
@@ -551,13 +551,24 @@ def test_the_base_alone_runs_once_per_delay_and_old_per_seed_rows_collapse(tmp_p
     assert sorted(str(r["seed"]) for r in kept if r["variant"] == "base_naive") == ["None"]
     cells = {c["variant"]: c for c in ls.aggregate(old + arli, cfg)}
     assert cells["base_naive"]["seeds"] == [] and cells["base_naive"]["complete"] is True
+    assert cells["base_naive"]["per_seed"] == [0.75]  # one measurement, not two seeds
     assert cells["base_naive"]["ci95"] == [round(x, 4) for x in success_ci([outcomes])]
     assert cells["base_naive"]["outcomes_by_seed"] == {"all": ls._bits(outcomes)}
     (harm,) = [c for c in ls.verdicts(list(cells.values()), [], [4]) if c["family"] == "not_below_base"
                and "@4" in c["claim"]]
     assert harm["values"]["difference"] == 0.15 and harm["holds"] is True
-    with pytest.raises(ValueError, match="base_naive@4: two rows of the base alone"):
+    with pytest.raises(ValueError, match="base_naive@4: two rows with other test outcomes"):
         ls.aggregate([old[0], {**old[1], "outcomes": outcomes[::-1]}, *arli], cfg)
+    # the same through the cache: a disagreeing copy is refused, not dropped by the rewrite
+    committed.write_text("".join(json.dumps(r) + "\n" for r in [old[0], {**old[1], "outcomes": outcomes[::-1]}]))
+    with pytest.raises(ValueError, match="base_naive@4: two rows with other test outcomes"):
+        ls.load_cache([str(committed)], cfg_dict)
+    # a copy under other settings (another thread count) is another cell's row: kept by the rewrite
+    other = {**old[1], "fingerprint": "another", "seed": 1}
+    committed.write_text(json.dumps(other) + "\n")
+    ls.write_cells(str(committed), [{**old[0], "seed": None}])
+    assert [r["fingerprint"] for r in map(json.loads, committed.read_text().splitlines())] == \
+        [old[0]["fingerprint"], "another"]
 
 
 def test_committed_cells_merge_and_the_first_valid_row_wins(tmp_path):

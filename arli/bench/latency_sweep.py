@@ -215,9 +215,12 @@ def load_cache(paths: list[str], cfg_dict: dict) -> dict[tuple, dict]:
                 if seedless(row["variant"]):
                     row = {**row, "seed": None}
                 key = (row["variant"], row["delay_steps"], row["seed"])
-                if (key not in done and row.get("fingerprint") == fingerprint(cfg_dict, row["variant"])
+                if (row.get("fingerprint") == fingerprint(cfg_dict, row["variant"])
                         and row_complete(row) and sources_unchanged(row.get("sources"))):
-                    done[key] = row
+                    if key not in done:
+                        done[key] = row
+                    elif seedless(key[0]):  # copies of one measurement must agree
+                        once_per_delay([done[key], row])
     return done
 
 
@@ -272,9 +275,9 @@ def _code_digest(sources: dict | None) -> str | None:
 
 
 def once_per_delay(rows: list[dict]) -> list[dict]:
-    """``rows`` with one row (seed None) per base-alone cell: rows of the same base at one
-    delay under several training seeds (older sweeps ran it per seed) are one measurement, and
-    counting its copies as seeds would narrow its interval. Raises where they disagree."""
+    """``rows`` with one row (seed None) per seedless cell (the base alone, the ceiling): rows of
+    the same base at one delay under several training seeds (older sweeps ran it per seed) are
+    copies of one measurement, not seeds. Raises where they disagree."""
     out, first = [], {}
     for r in rows:
         if not seedless(r["variant"]):
@@ -285,9 +288,9 @@ def once_per_delay(rows: list[dict]) -> list[dict]:
             first[key] = {**r, "seed": None}
             out.append(first[key])
         elif list(first[key]["outcomes"]) != list(r["outcomes"]):
-            raise ValueError(f"{key[0]}@{key[1]}: two rows of the base alone with other test outcomes (seeds "
-                             f"{first[key].get('seed')!r}, {r['seed']!r}); it depends on no training seed, so one "
-                             "ran other code, threads or base: delete the stale row from the cells file")
+            raise ValueError(f"{key[0]}@{key[1]}: two rows with other test outcomes (seeds {first[key].get('seed')!r}, "
+                             f"{r['seed']!r}); the cell depends on no training seed, so one ran other code, threads "
+                             "or base: delete the stale row from the cells file")
     return out
 
 

@@ -286,6 +286,8 @@ def launch_commands(cfg: LaunchConfig) -> dict[str, list[str]]:
 
 
 ACTORLESS_GRACE_S = 900.0  # the learner's final evaluation may run this long after its actors stopped
+# an actor asked to stop: its episode ends, then link.flush (15 s at most) and the recording close
+ACTOR_STOP_GRACE_S = 60.0
 RESTART_BACKOFF_S = (1.0, 2.0, 4.0, 8.0)  # wait before the n-th restart of a process (then the last)
 
 
@@ -352,8 +354,12 @@ def launch_main(cfg: LaunchConfig) -> int:
             if name.startswith("actor"):
                 try:
                     proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    proc.terminate()
+                except subprocess.TimeoutExpired:  # it missed the learner's last weights (done)
+                    proc.terminate()  # it ends its episode, flushes, closes its recording, writes its stats
+                    try:
+                        proc.wait(timeout=ACTOR_STOP_GRACE_S)
+                    except subprocess.TimeoutExpired:
+                        pass  # killed below
         return 0
     finally:
         for proc in procs.values():
