@@ -191,3 +191,25 @@ def test_launch_passes_its_extra_overrides_to_each_process():
     cmds = launch_commands(cfg)
     assert cmds["serve"][-2:] == ["max_batch=2", "device=cpu"] and cmds["learner"][-1] == "run.device=cpu"
 
+
+
+def test_actors_asked_to_stop_get_one_deadline_and_time_to_flush():
+    """An actor that missed the learner's last weights is stopped with SIGTERM and given its
+    flush time and more before it is killed; every actor shares one deadline (not one each)."""
+    import time
+
+    from arli.commands.pipeline import ACTOR_FLUSH_S, ACTOR_STOP_GRACE_S, _wait_all
+
+    assert ACTOR_STOP_GRACE_S > ACTOR_FLUSH_S
+    quick, slow = (subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({t})"]) for t in (0.2, 30))
+    try:
+        start = time.perf_counter()
+        _wait_all([quick, slow], 1.0)
+        waited = time.perf_counter() - start
+        assert quick.poll() == 0 and slow.poll() is None and 1.0 <= waited < 3.0
+        start = time.perf_counter()
+        _wait_all([quick], 10.0)  # all gone: returns at once
+        assert time.perf_counter() - start < 0.5
+    finally:
+        slow.kill()
+        slow.wait()

@@ -18,6 +18,9 @@ from arli.config import ActorConfig, KeysConfig, LaunchConfig, LearnerServiceCon
 from arli.transport.zmq_io import bind_address, generate_keys
 
 
+ACTOR_FLUSH_S = 15.0  # an actor's last wait for the learner's acknowledgements of what it sent
+
+
 def _logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")
@@ -162,7 +165,7 @@ def actor_main(cfg: ActorConfig) -> int:
         stats, ctl = run_actor(driver, inference, link, cfg.chunking, seeds, cfg.weights_timeout_s,
                                cfg.max_episodes or None, on_episode, cfg.seed, cfg.spin_s,
                                intervention=person_intervention(cfg.device), wrap=recording.wrap)
-        flushed = link.flush(timeout_s=15)
+        flushed = link.flush(timeout_s=ACTOR_FLUSH_S)
     finally:
         recording.close()
         driver.close()
@@ -286,9 +289,17 @@ def launch_commands(cfg: LaunchConfig) -> dict[str, list[str]]:
 
 
 ACTORLESS_GRACE_S = 900.0  # the learner's final evaluation may run this long after its actors stopped
-# an actor asked to stop: its episode ends, then link.flush (15 s at most) and the recording close
-ACTOR_STOP_GRACE_S = 60.0
+ACTOR_WAIT_S = 60.0  # for the actors to stop on their own once the learner is done
+# an actor asked to stop: its episode ends, then its flush and the recording close
+ACTOR_STOP_GRACE_S = ACTOR_FLUSH_S + 45.0
 RESTART_BACKOFF_S = (1.0, 2.0, 4.0, 8.0)  # wait before the n-th restart of a process (then the last)
+
+
+def _wait_all(procs: list[subprocess.Popen], timeout_s: float) -> None:
+    """Until every process of ``procs`` has exited or ``timeout_s`` has passed (one deadline for all)."""
+    deadline = time.perf_counter() + timeout_s
+    while any(p.poll() is None for p in procs) and time.perf_counter() < deadline:
+        time.sleep(0.2)
 
 
 def launch_main(cfg: LaunchConfig) -> int:
@@ -350,16 +361,12 @@ def launch_main(cfg: LaunchConfig) -> int:
                           "done (see the actor logs)", flush=True)
                     return 1
             time.sleep(0.5)
-        for name, proc in procs.items():
-            if name.startswith("actor"):
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:  # it missed the learner's last weights (done)
-                    proc.terminate()  # it ends its episode, flushes, closes its recording, writes its stats
-                    try:
-                        proc.wait(timeout=ACTOR_STOP_GRACE_S)
-                    except subprocess.TimeoutExpired:
-                        pass  # killed below
+        actors = [p for n, p in procs.items() if n.startswith("actor")]
+        _wait_all(actors, ACTOR_WAIT_S)
+        for proc in actors:  # they missed the learner's last weights (done): asked to stop, each ends its
+            if proc.poll() is None:  # episode, flushes, closes its recording and writes its stats
+                proc.terminate()
+        _wait_all(actors, ACTOR_STOP_GRACE_S)  # those still running are killed below
         return 0
     finally:
         for proc in procs.values():
