@@ -84,3 +84,35 @@ def test_learner_kill9_and_restart_loses_and_duplicates_nothing(tmp_path):
     ids = np.sort(state["trainer"]["online"]["data.state"][:, 0])
     np.testing.assert_array_equal(ids, np.arange(sent, dtype=np.float32))  # exactly once, all of them
     assert "resumed" in (tmp_path / "learner2.log").read_text()
+
+
+@pytest.mark.slow
+def test_actor_hears_the_learner_is_done_through_its_acks_when_the_done_weights_are_lost(tmp_path):
+    """The weights that say ``done`` travel over PUB/SUB, which may drop them (a slow
+    subscriber, a closing publisher): this actor's SUB listens where nothing publishes, so only
+    the acknowledgements of its own batches can tell it the learner reached its target."""
+    ports = free_ports(3)
+    out = tmp_path / "learner"
+    watcher = LearnerLink("watcher", f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}").start()
+    deaf = LearnerLink("actor0", f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[2]}",
+                       batch_rows=16, flush_s=0.05, ack_timeout_s=0.5).start()
+    args = [a for a in learner_args(ports, out) if not a.startswith("run.env_steps")] + ["run.env_steps=400"]
+    learner = spawn(args, tmp_path / "learner.log")
+    try:
+        got: list = []
+        wait_for(lambda: got.append(watcher.take_weights()) or got[-1] is not None, 90, "first weights")
+        width = ReplayBuffer(1, got[-1][2]["state_dim"], 5).rows.shape[1]
+        rows = np.zeros((300, width), np.float32)
+        for row in rows:
+            deaf.add_row(row)
+        wait_for(lambda: deaf.pending_rows() == 0, 60, "the first 300 rows durable")
+        assert not deaf.learner_done and deaf.weights_version == 0  # 300 of 400 steps; it hears no weights
+        for row in rows:  # past the target: the learner finishes and says so in its acks
+            deaf.add_row(row)
+        wait_for(lambda: deaf.learner_done, 60, "an ack that says the learner is done")
+        assert deaf.weights_version == 0
+        assert deaf.flush(timeout_s=30), "the learner answers an actor's last batches after its target"
+    finally:
+        watcher.close()
+        deaf.close()
+        stop(learner, signal.SIGKILL)

@@ -62,7 +62,8 @@ class RemoteResidualController(ResidualController):
         if new is not None:
             version, arrays, meta = new
             self.policy.actor.load(arrays)
-            self.version, self.done = version, bool(meta.get("done", False))
+            self.version, self.done = version, self.done or bool(meta.get("done", False))
+        self.done = self.done or self.link.learner_done
 
     def warm(self) -> None:
         """Before the tick, off the step's critical path: new weights in, the next exploration

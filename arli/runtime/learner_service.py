@@ -10,6 +10,8 @@
   are in; the service runs them interleaved with receiving.
 * Weights are published on a PUB socket with a version number, on every
   ``publish_every`` updates and at least once a second (late joiners get them).
+* At its env-step target the service says so in every ack (``learner_done``) as well as in
+  its last weights' meta: PUB/SUB may drop a message, an ack answers a batch the actor sent.
 * Checkpoints are atomic (the run's ``save`` + ``service.json`` via rename) and a restarted
   service resumes from them.
 """
@@ -30,6 +32,10 @@ from arli.transport.codec import ProtocolError, decode, encode, error_frame
 from arli.transport.zmq_io import CurveConfig, bind_socket, stop_auth
 
 log = logging.getLogger("arli.learner")
+
+TAIL_QUIET_S = 1.0  # after the target: no batch from any actor this long means all have flushed
+TAIL_MAX_S = 30.0  # after the target: the longest the learner waits for its actors to hear it
+PUB_LINGER_MS = 1000
 
 
 class LearnerService:
@@ -56,6 +62,10 @@ class LearnerService:
         self.received_rows = 0
         self.duplicates = 0
         self.version = 0
+        # the env-step target is reached: every ack says so, because the weights that say so
+        # (PUB/SUB) can be lost, and an actor that never hears it would run on
+        self.finished = False
+        self.told_done: set[str] = set()
         self._last_publish = 0.0
         self._last_checkpoint = time.perf_counter()
 
@@ -80,8 +90,7 @@ class LearnerService:
         self.durable = dict(self.applied)
         self._last_checkpoint = time.perf_counter()
         for actor, identity in self.identities.items():  # tell actors they may free their spools
-            self.router.send_multipart([identity, encode("ack", actor_id=actor, applied_seq=self.applied[actor],
-                                                         durable_seq=self.durable[actor])])
+            self.router.send_multipart([identity, self._ack(actor)])
 
     def load(self) -> bool:
         """Resume from ``checkpoint_dir`` if a checkpoint is there; returns whether it was."""
@@ -112,12 +121,17 @@ class LearnerService:
                 self.applied[actor] = seq
             elif seq <= applied:
                 self.duplicates += 1
-            return encode("ack", actor_id=actor, applied_seq=self.applied.get(actor, 0),
-                          durable_seq=self.durable.get(actor, 0))
+            return self._ack(actor)
         except ProtocolError as exc:
             return error_frame(exc)
         except ValueError as exc:  # rows of the wrong width: the actor runs another config
             return error_frame("schema", str(exc))
+
+    def _ack(self, actor: str) -> bytes:
+        if self.finished:
+            self.told_done.add(actor)
+        return encode("ack", actor_id=actor, applied_seq=self.applied.get(actor, 0),
+                      durable_seq=self.durable.get(actor, 0), learner_done=self.finished)
 
     def _apply(self, msg) -> None:
         rows = msg["rows"]
@@ -163,19 +177,39 @@ class LearnerService:
                 self.publish()
             if now - self._last_checkpoint > self.checkpoint_every_s:
                 self.save()
+        self.finished = self.env_steps >= self.target
+        self.save()  # its acks tell every known actor whether the learner is done
+        self.publish(done=self.finished)
+        self._answer_stragglers()
         self.save()
-        self.publish(done=self.env_steps >= self.target)
-        # acknowledge what is still arriving for a moment, so actors can flush and stop
-        end = time.perf_counter() + 1.0
-        while time.perf_counter() < end:
+
+    def _answer_stragglers(self) -> None:
+        """Acknowledge what still arrives, so actors can flush and stop. Once the target is
+        reached, until every actor has been told so in an ack and none has sent anything for
+        ``TAIL_QUIET_S`` (each has flushed), at most ``TAIL_MAX_S``; the done weights are
+        published again each second for an actor that reads only those."""
+        start = last_batch = self._last_publish = time.perf_counter()
+        while True:
+            now = time.perf_counter()
+            if not self.finished and now - start > TAIL_QUIET_S:
+                return
+            told = self.told_done >= set(self.applied)
+            if self.finished and ((told and now - last_batch > TAIL_QUIET_S) or now - start > TAIL_MAX_S):
+                if not told:
+                    log.warning("actor(s) %s were not told that the learner is done (their links are away)",
+                                sorted(set(self.applied) - self.told_done))
+                return
+            if self.finished and now - self._last_publish > 1.0:
+                self.publish(done=True)
             if self.router.poll(50):
                 frames = self.router.recv_multipart()
                 if len(frames) >= 2:
                     self.router.send_multipart([frames[0], self.handle(frames[1:], frames[0])])
-        self.save()
+                    last_batch = time.perf_counter()
 
     def close(self) -> None:
         self.router.close(linger=0)
-        self.pub.close(linger=0)
+        # weights still queued for a slow subscriber (the done ones last) get a moment to leave
+        self.pub.close(linger=PUB_LINGER_MS)
         stop_auth(self.ctx)
         self.ctx.term()

@@ -45,6 +45,7 @@ class LearnerLink:
         self.sent_rows = 0
         self._weights: tuple[int, dict, dict] | None = None
         self.weights_version = 0
+        self.learner_done = False  # an ack said the learner reached its target
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"link-{actor_id}", daemon=True)
 
@@ -154,6 +155,7 @@ class LearnerLink:
                         continue
                     if msg.kind == "ack":
                         self._on_ack(msg["applied_seq"], msg["durable_seq"])
+                        self.learner_done = self.learner_done or bool(msg.get("learner_done", False))
                         waiting = None
                     elif msg.kind == "weights":
                         with self._lock:
