@@ -100,18 +100,18 @@ def test_actor_hears_the_learner_is_done_through_its_acks_when_the_done_weights_
     learner = spawn(args, tmp_path / "learner.log")
     try:
         got: list = []
-        wait_for(lambda: got.append(watcher.take_weights()) or got[-1] is not None, 90, "first weights")
+        wait_for(lambda: got.append(watcher.take_weights()) or got[-1] is not None, 60, "first weights")
         width = ReplayBuffer(1, got[-1][2]["state_dim"], 5).rows.shape[1]
         rows = np.zeros((300, width), np.float32)
         for row in rows:
             deaf.add_row(row)
-        wait_for(lambda: deaf.pending_rows() == 0, 60, "the first 300 rows durable")
+        wait_for(lambda: deaf.pending_rows() == 0, 30, "the first 300 rows durable")
         assert not deaf.learner_done and deaf.weights_version == 0  # 300 of 400 steps; it hears no weights
         for row in rows:  # past the target: the learner finishes and says so in its acks
             deaf.add_row(row)
-        wait_for(lambda: deaf.learner_done, 60, "an ack that says the learner is done")
+        wait_for(lambda: deaf.learner_done, 30, "an ack that says the learner is done")
         assert deaf.weights_version == 0
-        assert deaf.flush(timeout_s=30), "the learner answers an actor's last batches after its target"
+        assert deaf.flush(timeout_s=15), "the learner answers an actor's last batches after its target"
     finally:
         watcher.close()
         deaf.close()

@@ -207,3 +207,12 @@ def test_arrays_of_any_layout_arrive_as_their_values_and_shape():
             np.testing.assert_array_equal(got, np.asarray(sent), err_msg=name)
     with pytest.raises(TypeError, match="cannot send arrays of dtype datetime64"):
         encode_frames("weights", version=1, arrays={"t": np.zeros(10_000, "M8[s]")})
+
+
+def test_ack_learner_done_is_optional_and_typed():
+    """Acks of the previous protocol (no ``learner_done``) still decode; a wrong type is refused."""
+    old = decode(encode("ack", actor_id="a0", applied_seq=3, durable_seq=2))
+    assert old.get("learner_done", False) is False
+    assert decode(encode("ack", actor_id="a0", applied_seq=3, durable_seq=2, learner_done=True))["learner_done"] is True
+    with pytest.raises(ProtocolError, match="learner_done"):
+        decode(encode("ack", actor_id="a0", applied_seq=3, durable_seq=2, learner_done="yes"))

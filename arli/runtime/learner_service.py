@@ -33,7 +33,9 @@ from arli.transport.zmq_io import CurveConfig, bind_socket, stop_auth
 
 log = logging.getLogger("arli.learner")
 
-TAIL_QUIET_S = 1.0  # after the target: no batch from any actor this long means all have flushed
+# after the target: no batch from any actor this long means all have flushed (an actor's link
+# batches every 0.5 s; its episode's end, recording included, can take longer on a loaded machine)
+TAIL_QUIET_S = 3.0
 TAIL_MAX_S = 30.0  # after the target: the longest the learner waits for its actors to hear it
 PUB_LINGER_MS = 1000
 
@@ -121,17 +123,21 @@ class LearnerService:
                 self.applied[actor] = seq
             elif seq <= applied:
                 self.duplicates += 1
-            return self._ack(actor)
+            return self._ack(actor, reply=True)
         except ProtocolError as exc:
             return error_frame(exc)
         except ValueError as exc:  # rows of the wrong width: the actor runs another config
             return error_frame("schema", str(exc))
 
-    def _ack(self, actor: str) -> bytes:
-        if self.finished:
+    def _ack(self, actor: str, reply: bool = False) -> bytes:
+        """``reply``: the answer to a batch this actor just sent, so it goes to a live connection
+        (a broadcast from ``save`` may go to a stale identity and does not count as telling it)."""
+        if self.finished and reply:
             self.told_done.add(actor)
+        # the field only once true: a peer of the previous protocol refuses unknown fields
+        done = {"learner_done": True} if self.finished else {}
         return encode("ack", actor_id=actor, applied_seq=self.applied.get(actor, 0),
-                      durable_seq=self.durable.get(actor, 0), learner_done=self.finished)
+                      durable_seq=self.durable.get(actor, 0), **done)
 
     def _apply(self, msg) -> None:
         rows = msg["rows"]
@@ -180,24 +186,25 @@ class LearnerService:
         self.finished = self.env_steps >= self.target
         self.save()  # its acks tell every known actor whether the learner is done
         self.publish(done=self.finished)
-        self._answer_stragglers()
+        self._answer_stragglers(stop)
         self.save()
 
-    def _answer_stragglers(self) -> None:
+    def _answer_stragglers(self, stop=None) -> None:
         """Acknowledge what still arrives, so actors can flush and stop. Once the target is
-        reached, until every actor has been told so in an ack and none has sent anything for
-        ``TAIL_QUIET_S`` (each has flushed), at most ``TAIL_MAX_S``; the done weights are
-        published again each second for an actor that reads only those."""
+        reached, until every actor this process has heard from has been told so in a reply and
+        none has sent anything for ``TAIL_QUIET_S`` (each has flushed), at most ``TAIL_MAX_S``
+        or until ``stop`` is set; the done weights are published again each second for an actor
+        that reads only those. Actors known only from a checkpoint are not waited for."""
         start = last_batch = self._last_publish = time.perf_counter()
         while True:
             now = time.perf_counter()
-            if not self.finished and now - start > TAIL_QUIET_S:
+            if (not self.finished and now - start > TAIL_QUIET_S) or (stop is not None and stop.is_set()):
                 return
-            told = self.told_done >= set(self.applied)
+            told = self.told_done >= set(self.identities)
             if self.finished and ((told and now - last_batch > TAIL_QUIET_S) or now - start > TAIL_MAX_S):
                 if not told:
                     log.warning("actor(s) %s were not told that the learner is done (their links are away)",
-                                sorted(set(self.applied) - self.told_done))
+                                sorted(set(self.identities) - self.told_done))
                 return
             if self.finished and now - self._last_publish > 1.0:
                 self.publish(done=True)
