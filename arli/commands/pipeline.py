@@ -363,8 +363,8 @@ def launch_main(cfg: LaunchConfig) -> int:
             time.sleep(0.5)
         actors = [p for n, p in procs.items() if n.startswith("actor")]
         _wait_all(actors, ACTOR_WAIT_S)
-        for proc in actors:  # they missed the learner's last weights (done): asked to stop, each ends its
-            if proc.poll() is None:  # episode, flushes, closes its recording and writes its stats
+        for proc in actors:  # never heard the learner is done (its link was away): asked to stop, each ends
+            if proc.poll() is None:  # its episode, flushes, closes its recording and writes its stats
                 proc.terminate()
         _wait_all(actors, ACTOR_STOP_GRACE_S)  # those still running are killed below
         return 0
