@@ -1,0 +1,167 @@
+"""The learner service's tail, in process over real sockets: after its env-step target it
+waits only for the actors this process heard from, counts an actor as told only when a
+reply to its own batch said so, re-publishes its done weights while it waits, and gives up
+after ``TAIL_MAX_S`` on an actor that never asks again."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from arli.rl.config import LearnerConfig
+from arli.rl.learner import ResidualLearner
+from arli.rl.replay import ReplayBuffer
+from arli.rl.trainer import Trainer
+from arli.runtime import learner_service as ls
+from arli.transport.codec import decode, encode
+from process_utils import free_ports
+
+pytestmark = pytest.mark.timeout(60)
+
+D, M = 3, 2
+WIDTH = ReplayBuffer(1, D, M).rows.shape[1]
+
+
+@pytest.fixture
+def service(tmp_path, monkeypatch):
+    """A real service (real trainer, real ROUTER and PUB sockets) with a target of 10 env steps
+    and a short tail: quiet 0.3 s, cap 2 s."""
+    monkeypatch.setattr(ls, "TAIL_QUIET_S", 0.3)
+    monkeypatch.setattr(ls, "TAIL_MAX_S", 2.0)
+    cfg = LearnerConfig(hidden=8, critic_hidden=8, critic_heads=2, critic_subset=2, batch_size=4)
+    trainer = Trainer(ResidualLearner(cfg, D, M, seed=0), ReplayBuffer(100, D, M), ReplayBuffer(100, D, M),
+                      learn_after=10_000)  # no updates: the tail is about messages
+    ports = free_ports(2)
+    svc = ls.LearnerService(trainer, {"state_dim": D}, {}, lambda d: None, lambda d: None,
+                            f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}", str(tmp_path),
+                            target_env_steps=10)
+    svc.addresses = ports
+    yield svc
+    svc.close()
+
+
+class Actor:
+    """A DEALER that sends numbered batches of zero rows and reads the acks."""
+
+    def __init__(self, ctx: zmq.Context, port: int, actor_id: str):
+        self.sock, self.id, self.seq = ctx.socket(zmq.DEALER), actor_id, 0
+        self.sock.connect(f"tcp://127.0.0.1:{port}")
+
+    def send(self, rows: int) -> None:
+        self.seq += 1
+        self.sock.send_multipart([encode("transitions", actor_id=self.id, seq=self.seq,
+                                         rows=np.zeros((rows, WIDTH), np.float32))])
+
+    def acks(self, timeout_s: float = 5.0) -> list:
+        out, deadline = [], time.perf_counter() + timeout_s
+        while time.perf_counter() < deadline and not out:
+            while self.sock.poll(50):
+                out.append(decode(self.sock.recv_multipart()))
+        return out
+
+
+def _serve_until(svc, cond, timeout_s: float = 5.0) -> None:
+    """Answer batches in the test's thread (the service's own loop does the same) until ``cond``."""
+    deadline = time.perf_counter() + timeout_s
+    while not cond():
+        assert time.perf_counter() < deadline, "the service never got there"
+        if svc.router.poll(20):
+            frames = svc.router.recv_multipart()
+            svc.router.send_multipart([frames[0], svc.handle(frames[1:], frames[0])])
+
+
+def test_a_broadcast_ack_does_not_count_as_telling_an_actor_only_a_reply_to_its_batch_does(service):
+    ctx = zmq.Context()
+    a, b = Actor(ctx, service.addresses[0], "a"), Actor(ctx, service.addresses[0], "b")
+    try:
+        a.send(4)
+        b.send(4)
+        _serve_until(service, lambda: service.env_steps == 8)
+        assert all("learner_done" not in m.fields for m in a.acks() + b.acks())  # before the target: no field
+        a.send(4)
+        _serve_until(service, lambda: service.env_steps == 12)
+        service.finished = True
+        service.save()  # broadcasts an ack to every identity: b's may be a stale connection
+        assert service.told_done == set()
+        assert any(m.get("learner_done") for m in b.acks())  # b does get it, but it is not counted
+        b.send(1)
+        _serve_until(service, lambda: "b" in service.told_done)
+        assert service.told_done == {"b"}
+    finally:
+        a.sock.close(0)
+        b.sock.close(0)
+        ctx.term()
+
+
+def test_the_tail_gives_up_after_its_cap_on_an_actor_never_told_and_republishes_done_weights(service, caplog):
+    ctx = zmq.Context()
+    actor = Actor(ctx, service.addresses[0], "gone")
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{service.addresses[1]}")
+    try:
+        actor.send(12)
+        _serve_until(service, lambda: service.env_steps == 12)
+        actor.sock.close(0)  # its link went away before any reply said done
+        time.sleep(0.3)  # the SUB's connection is up before the tail publishes
+        service.finished = True
+        start = time.perf_counter()
+        with caplog.at_level(logging.WARNING, logger="arli.learner"):
+            service._answer_stragglers()
+        took = time.perf_counter() - start
+        assert ls.TAIL_MAX_S <= took < ls.TAIL_MAX_S + 1.0
+        assert "['gone'] were not told" in caplog.text
+        done = []
+        while sub.poll(100):
+            done.append(decode(sub.recv()))
+        assert len(done) >= 1 and all(m["meta"]["done"] for m in done)  # once a second while waiting
+    finally:
+        sub.close(0)
+        ctx.term()
+
+
+def test_the_tail_waits_for_a_told_actor_to_go_quiet_and_not_for_one_known_only_from_a_checkpoint(service):
+    service.applied["from_checkpoint"] = 7  # an actor of an earlier process: it never speaks here
+    ctx = zmq.Context()
+    actor = Actor(ctx, service.addresses[0], "live")
+    try:
+        actor.send(12)
+        _serve_until(service, lambda: service.env_steps == 12)
+        service.finished = True
+        actor.acks()
+        sent: list[float] = []
+
+        def late_batches():  # the actor flushes three more batches, 0.2 s apart (< TAIL_QUIET_S)
+            for _ in range(3):
+                time.sleep(0.2)
+                actor.send(1)
+                sent.append(time.perf_counter())
+
+        t = threading.Thread(target=late_batches)
+        start = time.perf_counter()
+        t.start()
+        service._answer_stragglers()
+        ended = time.perf_counter()
+        t.join()
+        assert service.applied["live"] == 4 and service.told_done == {"live"}  # every late batch answered
+        assert ended - sent[-1] >= ls.TAIL_QUIET_S  # it waited for the actor to go quiet ...
+        assert ended - start < ls.TAIL_MAX_S  # ... and not for the checkpoint's actor
+        assert all(m.get("learner_done") for m in actor.acks())
+    finally:
+        actor.sock.close(0)
+        ctx.term()
+
+
+def test_a_stop_signal_ends_the_tail_at_once(service):
+    service.identities["never_told"] = b"x"
+    service.finished = True
+    stop = threading.Event()
+    stop.set()
+    start = time.perf_counter()
+    service._answer_stragglers(stop)
+    assert time.perf_counter() - start < 0.5
