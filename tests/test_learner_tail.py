@@ -1,7 +1,9 @@
 """The learner service's tail, in process over real sockets: after its env-step target it
 waits only for the actors this process heard from, counts an actor as told only when a
 reply to its own batch said so, re-publishes its done weights while it waits, and gives up
-after ``TAIL_MAX_S`` on an actor that never asks again."""
+after ``TAIL_MAX_S`` on an actor that never asks again. Also the batches at the edge of the
+protocol: an episode's end sent without rows is applied, and a batch the learner refuses is
+reported by the link once."""
 
 from __future__ import annotations
 
@@ -165,3 +167,54 @@ def test_a_stop_signal_ends_the_tail_at_once(service):
     start = time.perf_counter()
     service._answer_stragglers(stop)
     assert time.perf_counter() - start < 0.5
+
+
+def test_a_batch_that_carries_only_an_episode_end_is_acknowledged_and_its_episode_kept(service):
+    """The link sends an episode's end alone when its rows left in the batch before (batch full,
+    or the flush timer): zero rows of unknown width, ``np.zeros((0, 1))``."""
+    ctx = zmq.Context()
+    actor = Actor(ctx, service.addresses[0], "a")
+    try:
+        actor.send(4)
+        actor.seq += 1
+        actor.sock.send_multipart([encode("transitions", actor_id="a", seq=actor.seq, rows=np.zeros((0, 1), np.float32),
+                                          episodes=[{"success": True, "steps": 4}])])
+        _serve_until(service, lambda: service.applied.get("a", 0) == 2)
+        acks = actor.acks()
+        assert [m.kind for m in acks] == ["ack", "ack"] and acks[-1]["applied_seq"] == 2
+        assert service.env_steps == 4 and [e["success"] for e in service.episodes] == [True]
+    finally:
+        actor.sock.close(0)
+        ctx.term()
+
+
+def _serving(svc):
+    """The service's own loop in a thread (its target out of reach); returns the stop event."""
+    svc.target = 10**9
+    stop = threading.Event()
+    thread = threading.Thread(target=svc.run, kwargs={"stop": stop}, daemon=True)
+    thread.start()
+    return stop, thread
+
+
+def test_a_link_whose_episode_end_leaves_alone_flushes_it_and_a_refused_batch_is_reported(service, caplog):
+    from arli.runtime.link import LearnerLink  # noqa: PLC0415
+
+    stop, thread = _serving(service)
+    link = LearnerLink("a", f"tcp://127.0.0.1:{service.addresses[0]}", f"tcp://127.0.0.1:{service.addresses[1]}",
+                       batch_rows=4, flush_s=0.05, ack_timeout_s=0.3).start()
+    try:
+        for _ in range(4):  # a full batch: it leaves before the episode's end is added
+            link.add_row(np.zeros(WIDTH, np.float32))
+        assert link.flush(timeout_s=5)
+        link.add_episode({"success": True, "steps": 4})
+        assert link.flush(timeout_s=5), "an episode's end sent alone is applied"
+        assert [e["success"] for e in service.episodes] == [True] and service.env_steps == 4
+        with caplog.at_level(logging.ERROR, logger="arli.link"):
+            link.add_row(np.zeros(WIDTH + 1, np.float32))  # another config's row width
+            assert not link.flush(timeout_s=1.5)  # never applied, resent ...
+        assert caplog.text.count("the learner refused batch 3 (schema") == 1  # ... and said once
+    finally:
+        link.close()
+        stop.set()
+        thread.join(timeout=10)

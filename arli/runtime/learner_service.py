@@ -141,7 +141,8 @@ class LearnerService:
 
     def _apply(self, msg) -> None:
         rows = msg["rows"]
-        n = self.trainer.ingest_rows(rows)
+        # an episode's end can travel alone (its rows left in the batch before): zero rows, no width
+        n = self.trainer.ingest_rows(rows) if len(rows) else 0
         if n < len(rows):  # NaN/inf rows are never stored; say so instead of losing them silently
             log.warning("actor %s batch %d: %d row(s) with NaN/inf not stored", msg["actor_id"], msg["seq"],
                         len(rows) - n)

@@ -132,6 +132,7 @@ class LearnerLink:
         poller.register(dealer, zmq.POLLIN)
         poller.register(sub, zmq.POLLIN)
         waiting: tuple[int, float] | None = None
+        refused = 0  # the last batch the learner refused
         try:
             while not self._stop.is_set():
                 self._batch()
@@ -157,6 +158,10 @@ class LearnerLink:
                         self._on_ack(msg["applied_seq"], msg["durable_seq"])
                         self.learner_done = self.learner_done or bool(msg.get("learner_done", False))
                         waiting = None
+                    elif msg.kind == "error" and waiting is not None and waiting[0] != refused:
+                        refused = waiting[0]  # resent after ack_timeout_s: said once per batch
+                        log.error("the learner refused batch %d (%s: %s); it is resent until a learner takes it: "
+                                  "run the actor with the learner's config", refused, msg["code"], msg["message"])
                     elif msg.kind == "weights":
                         with self._lock:
                             self._weights = (msg["version"], msg["arrays"], msg.get("meta", {}))
