@@ -218,3 +218,29 @@ def test_a_link_whose_episode_end_leaves_alone_flushes_it_and_a_refused_batch_is
         link.close()
         stop.set()
         thread.join(timeout=10)
+
+
+def test_the_tail_ends_when_every_actor_has_sent_its_last_batch_without_waiting_out_the_quiet(service, monkeypatch):
+    from arli.runtime.link import LearnerLink  # noqa: PLC0415
+
+    monkeypatch.setattr(ls, "TAIL_QUIET_S", 5.0)
+    link = LearnerLink("a", f"tcp://127.0.0.1:{service.addresses[0]}", f"tcp://127.0.0.1:{service.addresses[1]}",
+                       batch_rows=4, flush_s=0.05, ack_timeout_s=0.3).start()
+    ended: list[float] = []
+    thread = threading.Thread(target=lambda: (service.run(), ended.append(time.perf_counter())), daemon=True)
+    thread.start()
+    try:
+        for _ in range(12):  # past the target of 10: the service enters its tail
+            link.add_row(np.zeros(WIDTH, np.float32))
+        deadline = time.perf_counter() + 10
+        while not link.learner_done:
+            assert time.perf_counter() < deadline, "no ack said the learner is done"
+            time.sleep(0.02)
+        link.add_episode({"success": False, "steps": 12})
+        assert link.finish(timeout_s=5)
+        finished = time.perf_counter()
+        thread.join(timeout=10)
+        assert ended and ended[0] - finished < 1.0 < ls.TAIL_QUIET_S  # told, and its last batch is in
+        assert service.stopped == {"a"} and len(service.episodes) == 1
+    finally:
+        link.close()

@@ -165,7 +165,7 @@ def actor_main(cfg: ActorConfig) -> int:
         stats, ctl = run_actor(driver, inference, link, cfg.chunking, seeds, cfg.weights_timeout_s,
                                cfg.max_episodes or None, on_episode, cfg.seed, cfg.spin_s,
                                intervention=person_intervention(cfg.device), wrap=recording.wrap)
-        flushed = link.flush(timeout_s=ACTOR_FLUSH_S)
+        flushed = link.finish(timeout_s=ACTOR_FLUSH_S)
     finally:
         recording.close()
         driver.close()

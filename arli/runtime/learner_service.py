@@ -33,8 +33,9 @@ from arli.transport.zmq_io import CurveConfig, bind_socket, stop_auth
 
 log = logging.getLogger("arli.learner")
 
-# after the target: no batch from any actor this long means all have flushed (an actor's link
-# batches every 0.5 s; its episode's end, recording included, can take longer on a loaded machine)
+# after the target, for an actor that does not mark its last batch: no batch from any actor this
+# long means all have flushed (a link batches every 0.5 s; an episode's end, recording included,
+# can take longer on a loaded machine)
 TAIL_QUIET_S = 3.0
 TAIL_MAX_S = 30.0  # after the target: the longest the learner waits for its actors to hear it
 PUB_LINGER_MS = 1000
@@ -68,6 +69,7 @@ class LearnerService:
         # (PUB/SUB) can be lost, and an actor that never hears it would run on
         self.finished = False
         self.told_done: set[str] = set()
+        self.stopped: set[str] = set()  # actors whose last batch (``last``) has arrived
         self._last_publish = 0.0
         self._last_checkpoint = time.perf_counter()
 
@@ -123,6 +125,8 @@ class LearnerService:
                 self.applied[actor] = seq
             elif seq <= applied:
                 self.duplicates += 1
+            if seq <= self.applied.get(actor, 0) and msg.get("last", False):
+                self.stopped.add(actor)
             return self._ack(actor, reply=True)
         except ProtocolError as exc:
             return error_frame(exc)
@@ -193,7 +197,8 @@ class LearnerService:
     def _answer_stragglers(self, stop=None) -> None:
         """Acknowledge what still arrives, so actors can flush and stop. Once the target is
         reached, until every actor this process has heard from has been told so in a reply and
-        none has sent anything for ``TAIL_QUIET_S`` (each has flushed), at most ``TAIL_MAX_S``
+        each has sent its last batch (or, for an actor that does not mark it, none has sent
+        anything for ``TAIL_QUIET_S``), at most ``TAIL_MAX_S``
         or until ``stop`` is set; the done weights are published again each second for an actor
         that reads only those. Actors known only from a checkpoint are not waited for."""
         start = last_batch = self._last_publish = time.perf_counter()
@@ -202,7 +207,8 @@ class LearnerService:
             if (not self.finished and now - start > TAIL_QUIET_S) or (stop is not None and stop.is_set()):
                 return
             told = self.told_done >= set(self.identities)
-            if self.finished and ((told and now - last_batch > TAIL_QUIET_S) or now - start > TAIL_MAX_S):
+            flushed = self.stopped >= set(self.identities) or now - last_batch > TAIL_QUIET_S
+            if self.finished and ((told and flushed) or now - start > TAIL_MAX_S):
                 if not told:
                     log.warning("actor(s) %s were not told that the learner is done (their links are away)",
                                 sorted(set(self.identities) - self.told_done))

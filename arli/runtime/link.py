@@ -46,6 +46,7 @@ class LearnerLink:
         self._weights: tuple[int, dict, dict] | None = None
         self.weights_version = 0
         self.learner_done = False  # an ack said the learner reached its target
+        self._finishing = False  # the next batch is the last (``finish``)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"link-{actor_id}", daemon=True)
 
@@ -84,12 +85,19 @@ class LearnerLink:
         deadline = time.perf_counter() + timeout_s
         while time.perf_counter() < deadline:
             with self._lock:
-                queued = bool(self._rows or self._episodes)
+                queued = bool(self._rows or self._episodes or self._finishing)
                 done = not queued and self.applied >= self.next_seq - 1
             if done:
                 return True
             time.sleep(0.02)
         return False
+
+    def finish(self, timeout_s: float = 10.0) -> bool:
+        """The actor has stopped: send what is queued as its last batch (marked ``last``, so the
+        learner need not wait for more) and wait until the learner has applied it."""
+        with self._lock:
+            self._finishing = True
+        return self.flush(timeout_s)
 
     def close(self) -> None:
         self._stop.set()
@@ -99,13 +107,17 @@ class LearnerLink:
     def _batch(self, force: bool = False) -> None:
         with self._lock:
             due = self._rows or self._episodes
-            if not due or (not force and len(self._rows) < self.batch_rows
-                           and time.perf_counter() - self._oldest < self.flush_s):
+            last = self._finishing
+            if not (due or last) or (not force and not last and len(self._rows) < self.batch_rows
+                                     and time.perf_counter() - self._oldest < self.flush_s):
                 return
             rows, self._rows = self._rows, []
             episodes, self._episodes = self._episodes, []
+            self._finishing = False
         data = np.stack(rows) if rows else np.zeros((0, 1), np.float32)
-        frame = encode("transitions", actor_id=self.actor_id, seq=self.next_seq, rows=data, episodes=episodes)
+        # ``last`` only when true: a learner of the previous protocol refuses unknown fields
+        frame = encode("transitions", actor_id=self.actor_id, seq=self.next_seq, rows=data, episodes=episodes,
+                       **({"last": True} if last else {}))
         with self._lock:
             self.spool.append((self.next_seq, frame, len(rows)))
             self.spool_rows += len(rows)
