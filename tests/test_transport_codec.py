@@ -216,3 +216,12 @@ def test_ack_learner_done_is_optional_and_typed():
     assert decode(encode("ack", actor_id="a0", applied_seq=3, durable_seq=2, learner_done=True))["learner_done"] is True
     with pytest.raises(ProtocolError, match="learner_done"):
         decode(encode("ack", actor_id="a0", applied_seq=3, durable_seq=2, learner_done="yes"))
+
+
+def test_transitions_last_is_optional_and_typed():
+    """Batches of the previous protocol (no ``last``) still decode; a wrong type is refused."""
+    rows = np.zeros((2, 3), np.float32)
+    assert decode(encode("transitions", actor_id="a0", seq=1, rows=rows)).get("last", False) is False
+    assert decode(encode("transitions", actor_id="a0", seq=1, rows=rows, last=True))["last"] is True
+    with pytest.raises(ProtocolError, match="last"):
+        encode("transitions", actor_id="a0", seq=1, rows=rows, last=1)
