@@ -33,12 +33,13 @@ from arli.transport.zmq_io import CurveConfig, bind_socket, stop_auth
 
 log = logging.getLogger("arli.learner")
 
-# after the target, for an actor that does not mark its last batch: no batch from any actor this
-# long means all have flushed (a link batches every 0.5 s; an episode's end, recording included,
-# can take longer on a loaded machine)
+# after the target: no batch from any actor this long ends the tail even before every actor has
+# marked its last batch (an actor of the previous protocol never marks it; a link batches every
+# 0.5 s, and an episode's end, recording included, can take longer on a loaded machine)
 TAIL_QUIET_S = 3.0
 TAIL_MAX_S = 30.0  # after the target: the longest the learner waits for its actors to hear it
 PUB_LINGER_MS = 1000
+ROUTER_LINGER_MS = 500  # the acks of an actor's last batches, answered just before the close
 
 
 class LearnerService:
@@ -196,9 +197,9 @@ class LearnerService:
 
     def _answer_stragglers(self, stop=None) -> None:
         """Acknowledge what still arrives, so actors can flush and stop. Once the target is
-        reached, until every actor this process has heard from has been told so in a reply and
-        each has sent its last batch (or, for an actor that does not mark it, none has sent
-        anything for ``TAIL_QUIET_S``), at most ``TAIL_MAX_S``
+        reached, until every actor this process has heard from has been told so in a reply (or has
+        stopped: its last batch arrived) and each has sent its last batch or none has sent
+        anything for ``TAIL_QUIET_S``, at most ``TAIL_MAX_S``
         or until ``stop`` is set; the done weights are published again each second for an actor
         that reads only those. Actors known only from a checkpoint are not waited for."""
         start = last_batch = self._last_publish = time.perf_counter()
@@ -206,12 +207,14 @@ class LearnerService:
             now = time.perf_counter()
             if (not self.finished and now - start > TAIL_QUIET_S) or (stop is not None and stop.is_set()):
                 return
-            told = self.told_done >= set(self.identities)
-            flushed = self.stopped >= set(self.identities) or now - last_batch > TAIL_QUIET_S
+            heard = set(self.identities)
+            told = (self.told_done | self.stopped) >= heard  # an actor that stopped needs no telling
+            # with no actor heard from (a learner resumed at its target) only the quiet period ends it
+            flushed = (bool(heard) and self.stopped >= heard) or now - last_batch > TAIL_QUIET_S
             if self.finished and ((told and flushed) or now - start > TAIL_MAX_S):
                 if not told:
                     log.warning("actor(s) %s were not told that the learner is done (their links are away)",
-                                sorted(set(self.identities) - self.told_done))
+                                sorted(heard - self.told_done - self.stopped))
                 return
             if self.finished and now - self._last_publish > 1.0:
                 self.publish(done=True)
@@ -222,7 +225,7 @@ class LearnerService:
                     last_batch = time.perf_counter()
 
     def close(self) -> None:
-        self.router.close(linger=0)
+        self.router.close(linger=ROUTER_LINGER_MS)
         # weights still queued for a slow subscriber (the done ones last) get a moment to leave
         self.pub.close(linger=PUB_LINGER_MS)
         stop_auth(self.ctx)

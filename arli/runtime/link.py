@@ -46,7 +46,9 @@ class LearnerLink:
         self._weights: tuple[int, dict, dict] | None = None
         self.weights_version = 0
         self.learner_done = False  # an ack said the learner reached its target
-        self._finishing = False  # the next batch is the last (``finish``)
+        self._finishing = False  # ``finish``: the queue leaves, then the last-batch marker
+        self._marker_seq = 0  # the marker's seq once sent
+        self._marker_refused = False  # a learner of the previous protocol refused the marker
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"link-{actor_id}", daemon=True)
 
@@ -86,15 +88,17 @@ class LearnerLink:
         while time.perf_counter() < deadline:
             with self._lock:
                 queued = bool(self._rows or self._episodes or self._finishing)
-                done = not queued and self.applied >= self.next_seq - 1
+                settled = self.applied + int(self._marker_refused and self._marker_seq == self.applied + 1)
+                done = not queued and settled >= self.next_seq - 1
             if done:
                 return True
             time.sleep(0.02)
         return False
 
     def finish(self, timeout_s: float = 10.0) -> bool:
-        """The actor has stopped: send what is queued as its last batch (marked ``last``, so the
-        learner need not wait for more) and wait until the learner has applied it."""
+        """The actor has stopped: send what is queued, then a batch of no rows marked ``last`` (the
+        learner need not wait for more), and wait until the learner has applied both (a learner
+        of the previous protocol refuses the marker: then until it has applied the rows)."""
         with self._lock:
             self._finishing = True
         return self.flush(timeout_s)
@@ -106,27 +110,30 @@ class LearnerLink:
     # -- network thread ---------------------------------------------------------------------
     def _batch(self, force: bool = False) -> None:
         with self._lock:
-            due = self._rows or self._episodes
-            last = self._finishing
-            if not (due or last) or (not force and not last and len(self._rows) < self.batch_rows
-                                     and time.perf_counter() - self._oldest < self.flush_s):
+            due = bool(self._rows or self._episodes)
+            # once finishing, what is queued leaves at once, then the marker alone (zero rows): a
+            # learner of the previous protocol refuses the marker's field, and loses no rows for it
+            marker = self._finishing and not due
+            if not (due or marker) or (not force and not self._finishing and len(self._rows) < self.batch_rows
+                                        and time.perf_counter() - self._oldest < self.flush_s):
                 return
             rows, self._rows = self._rows, []
             episodes, self._episodes = self._episodes, []
-            self._finishing = False
-        data = np.stack(rows) if rows else np.zeros((0, 1), np.float32)
-        # ``last`` only when true: a learner of the previous protocol refuses unknown fields
-        frame = encode("transitions", actor_id=self.actor_id, seq=self.next_seq, rows=data, episodes=episodes,
-                       **({"last": True} if last else {}))
-        with self._lock:
-            self.spool.append((self.next_seq, frame, len(rows)))
-            self.spool_rows += len(rows)
+            seq = self.next_seq  # reserved before the lock is let go: ``flush`` waits for it from now on
             self.next_seq += 1
+            if marker:
+                self._finishing, self._marker_seq = False, seq
+        data = np.stack(rows) if rows else np.zeros((0, 1), np.float32)
+        frame = encode("transitions", actor_id=self.actor_id, seq=seq, rows=data, episodes=episodes,
+                       **({"last": True} if marker else {}))
+        with self._lock:
+            self.spool.append((seq, frame, len(rows)))
+            self.spool_rows += len(rows)
             while self.spool_rows > self.spool_max_rows and len(self.spool) > 1:
-                seq, _, n = self.spool.popleft()  # oldest first: bounded memory, loss counted
+                old, _, n = self.spool.popleft()  # oldest first: bounded memory, loss counted
                 self.spool_rows -= n
                 self.dropped_rows += n
-                log.warning("spool full: dropped batch %d (%d rows)", seq, n)
+                log.warning("spool full: dropped batch %d (%d rows)", old, n)
 
     def _run(self) -> None:
         ctx = zmq.Context.instance()
@@ -170,10 +177,16 @@ class LearnerLink:
                         self._on_ack(msg["applied_seq"], msg["durable_seq"])
                         self.learner_done = self.learner_done or bool(msg.get("learner_done", False))
                         waiting = None
+                    elif msg.kind == "error" and waiting is not None and waiting[0] == self._marker_seq:
+                        with self._lock:  # the marker carries nothing: not resent, the link is done
+                            self._marker_refused = True
+                            self.spool = deque(b for b in self.spool if b[0] != waiting[0])
+                        log.info("the learner does not take the last-batch marker (%s): an older learner", msg["message"])
+                        waiting = None
                     elif msg.kind == "error" and waiting is not None and waiting[0] != refused:
                         refused = waiting[0]  # resent after ack_timeout_s: said once per batch
-                        log.error("the learner refused batch %d (%s: %s); it is resent until a learner takes it: "
-                                  "run the actor with the learner's config", refused, msg["code"], msg["message"])
+                        log.error("the learner refused batch %d (%s: %s); it is resent until a learner takes it: run "
+                                  "the actor with the learner's config and version", refused, msg["code"], msg["message"])
                     elif msg.kind == "weights":
                         with self._lock:
                             self._weights = (msg["version"], msg["arrays"], msg.get("meta", {}))
