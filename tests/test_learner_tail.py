@@ -308,3 +308,26 @@ def test_a_link_finishing_against_a_learner_of_the_previous_protocol_loses_no_ro
         link.close()
         stop.set()
         thread.join(timeout=10)
+
+
+def test_an_actor_restarted_under_its_id_numbers_after_the_batches_the_learner_has(service):
+    """Its new link starts at seq 1: without the hello its batches would be taken as duplicates of
+    the earlier run's and dropped."""
+    from arli.runtime.link import LearnerLink  # noqa: PLC0415
+
+    stop, thread = _serving(service)
+    addrs = (f"tcp://127.0.0.1:{service.addresses[0]}", f"tcp://127.0.0.1:{service.addresses[1]}")
+    try:
+        for run, rows in ((1, 12), (2, 8)):
+            link = LearnerLink("a", *addrs, batch_rows=4, flush_s=0.05, ack_timeout_s=0.3)
+            for _ in range(rows):  # spooled before the link has heard from the learner
+                link.add_row(np.zeros(WIDTH, np.float32))
+            link.start()
+            try:
+                assert link.finish(timeout_s=5), f"run {run}: every batch applied"
+            finally:
+                link.close()
+        assert service.env_steps == 20 and service.applied["a"] == 4  # per run: its rows in one batch, the marker
+    finally:
+        stop.set()
+        thread.join(timeout=10)

@@ -5,7 +5,9 @@ the network. Transitions are batched into numbered batches (``seq`` 1, 2, ...) k
 bounded spool until the learner reports them *durable* (written to a checkpoint). Every
 ``ack`` carries the learner's ``applied_seq`` for this actor: the link resends from
 ``applied_seq + 1``, so after a learner crash and restart from its checkpoint each batch
-lands exactly once (the learner ignores seqs it has applied and refuses gaps). Weights
+lands exactly once (the learner ignores seqs it has applied and refuses gaps). A link first
+sends a hello (seq 0, no rows) and numbers its batches after the learner's ``applied_seq`` for
+its actor id, so an actor restarted under its id is not taken for a duplicate. Weights
 come over PUB/SUB with conflation: only the newest version is ever kept.
 """
 
@@ -49,6 +51,9 @@ class LearnerLink:
         self._finishing = False  # ``finish``: the queue leaves, then the last-batch marker
         self._marker_seq = 0  # the marker's seq once sent
         self._marker_refused = False  # a learner of the previous protocol refused the marker
+        # batches are numbered from what the learner has applied for this actor id (an earlier run
+        # of the same actor): until it answers the hello, spooled batches are numbered from 1
+        self._based = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"link-{actor_id}", daemon=True)
 
@@ -152,10 +157,20 @@ class LearnerLink:
         poller.register(sub, zmq.POLLIN)
         waiting: tuple[int, float] | None = None
         refused = 0  # the last batch the learner refused
+        # seq 0 applies nothing (every learner takes it as a duplicate) and is answered with the
+        # learner's applied_seq for this actor id
+        hello, hello_at = encode("transitions", actor_id=self.actor_id, seq=0, rows=np.zeros((0, 1), np.float32)), 0.0
         try:
             while not self._stop.is_set():
                 self._batch()
-                if waiting is None:
+                if not self._based:
+                    if time.perf_counter() - hello_at > self.ack_timeout_s:
+                        try:
+                            dealer.send(hello, zmq.NOBLOCK)
+                            hello_at = time.perf_counter()
+                        except zmq.Again:
+                            pass
+                elif waiting is None:
                     with self._lock:
                         item = next(((s, f) for s, f, _ in self.spool if s >= self.send_from), None)
                     if item is not None:
@@ -174,6 +189,8 @@ class LearnerLink:
                         log.warning("bad message from the learner: %s", exc)
                         continue
                     if msg.kind == "ack":
+                        if not self._based:
+                            self._number_from(msg["applied_seq"])
                         self._on_ack(msg["applied_seq"], msg["durable_seq"])
                         self.learner_done = self.learner_done or bool(msg.get("learner_done", False))
                         waiting = None
@@ -194,6 +211,19 @@ class LearnerLink:
         finally:
             dealer.close(linger=0)
             sub.close(linger=0)
+
+    def _number_from(self, base: int) -> None:
+        """Renumber the spooled batches after ``base``, the last batch the learner applied for this
+        actor id before this link started (else they would be taken as duplicates and lost)."""
+        with self._lock:
+            if base:
+                log.info("the learner has applied %d batches of actor id %s from an earlier run: numbering from %d",
+                         base, self.actor_id, base + 1)
+                self.spool = deque((seq + base, encode("transitions", **{**decode(frame).fields, "seq": seq + base}), n)
+                                   for seq, frame, n in self.spool)
+                self.next_seq += base
+                self._marker_seq += base if self._marker_seq else 0
+            self._based = True
 
     def _on_ack(self, applied: int, durable: int) -> None:
         with self._lock:
