@@ -331,3 +331,30 @@ def test_an_actor_restarted_under_its_id_numbers_after_the_batches_the_learner_h
     finally:
         stop.set()
         thread.join(timeout=10)
+
+
+def test_a_hello_the_learner_refuses_is_reported_once_and_no_batch_is_sent(service, monkeypatch, caplog):
+    """A learner that cannot read this link's messages (another protocol version) answers the
+    hello with an error: the link says so once and keeps its rows spooled."""
+    from arli.runtime.link import LearnerLink  # noqa: PLC0415
+    from arli.transport.codec import ProtocolError  # noqa: PLC0415
+
+    def refusing(frame):
+        raise ProtocolError("version", "protocol version 9 not supported")
+
+    monkeypatch.setattr(ls, "decode", refusing)
+    stop, thread = _serving(service)
+    link = LearnerLink("a", f"tcp://127.0.0.1:{service.addresses[0]}", f"tcp://127.0.0.1:{service.addresses[1]}",
+                       batch_rows=4, flush_s=0.05, ack_timeout_s=0.2)
+    try:
+        with caplog.at_level(logging.ERROR, logger="arli.link"):
+            link.start()
+            for _ in range(4):
+                link.add_row(np.zeros(WIDTH, np.float32))
+            assert not link.flush(timeout_s=1.5)  # several hellos refused meanwhile
+        assert caplog.text.count("refused this actor's hello (version") == 1
+        assert link.pending_rows() == 4 and service.env_steps == 0 and service.duplicates == 0
+    finally:
+        link.close()
+        stop.set()
+        thread.join(timeout=10)

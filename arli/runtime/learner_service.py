@@ -124,7 +124,7 @@ class LearnerService:
             if seq == applied + 1:
                 self._apply(msg)
                 self.applied[actor] = seq
-            elif seq <= applied:
+            elif 0 < seq <= applied:  # seq 0 is a link's hello, asking for applied_seq
                 self.duplicates += 1
             if seq <= self.applied.get(actor, 0) and msg.get("last", False):
                 self.stopped.add(actor)

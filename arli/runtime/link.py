@@ -156,7 +156,7 @@ class LearnerLink:
         poller.register(dealer, zmq.POLLIN)
         poller.register(sub, zmq.POLLIN)
         waiting: tuple[int, float] | None = None
-        refused = 0  # the last batch the learner refused
+        refused = 0  # the last batch the learner refused (-1: the hello)
         # seq 0 applies nothing (every learner takes it as a duplicate) and is answered with the
         # learner's applied_seq for this actor id
         hello, hello_at = encode("transitions", actor_id=self.actor_id, seq=0, rows=np.zeros((0, 1), np.float32)), 0.0
@@ -194,6 +194,10 @@ class LearnerLink:
                         self._on_ack(msg["applied_seq"], msg["durable_seq"])
                         self.learner_done = self.learner_done or bool(msg.get("learner_done", False))
                         waiting = None
+                    elif msg.kind == "error" and not self._based and refused != -1:
+                        refused = -1  # the hello: resent each ack_timeout_s, said once
+                        log.error("the learner refused this actor's hello (%s: %s); nothing is sent until a learner "
+                                  "takes it: run the actor with the learner's version", msg["code"], msg["message"])
                     elif msg.kind == "error" and waiting is not None and waiting[0] == self._marker_seq:
                         with self._lock:  # the marker carries nothing: not resent, the link is done
                             self._marker_refused = True
