@@ -124,6 +124,7 @@ def learner_main(cfg: LearnerServiceConfig) -> int:
                "eval": {"split": "test", "seed_base": cfg.run.test_seed, "episodes": cfg.run.test_episodes},
                "outcomes": final["outcomes"], "actors": sorted(service.applied),
                "episodes": service.episodes, "duplicates_ignored": service.duplicates,
+               "lost_rows": service.lost_rows,
                "rejected_rows": service.rejected_rows}
     with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=1)

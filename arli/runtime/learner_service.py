@@ -65,6 +65,7 @@ class LearnerService:
         self.episodes: list[dict] = []
         self.received_rows = 0
         self.duplicates = 0
+        self.lost_rows: dict[str, int] = {}  # per actor: rows its spool dropped before they got here
         self.version = 0
         # the env-step target is reached: every ack says so, because the weights that say so
         # (PUB/SUB) can be lost, and an actor that never hears it would run on
@@ -87,7 +88,7 @@ class LearnerService:
         """Atomic checkpoint of learner + replay + per-actor sequence numbers."""
         self.save_run(self.checkpoint_dir)
         state = {"applied": self.applied, "episodes": self.episodes, "version": self.version,
-                 "received_rows": self.received_rows}
+                 "received_rows": self.received_rows, "lost_rows": self.lost_rows}
         path = os.path.join(self.checkpoint_dir, "service.json")
         with open(path + ".tmp", "w", encoding="utf-8") as fh:
             json.dump(state, fh)
@@ -109,6 +110,7 @@ class LearnerService:
         self.durable = dict(self.applied)
         self.episodes, self.version = state["episodes"], state["version"]
         self.received_rows = state["received_rows"]
+        self.lost_rows = state.get("lost_rows", {})  # a checkpoint of the previous version has none
         return True
 
     # -- messages ----------------------------------------------------------------------
@@ -152,6 +154,12 @@ class LearnerService:
             log.warning("actor %s batch %d: %d row(s) with NaN/inf not stored", msg["actor_id"], msg["seq"],
                         len(rows) - n)
         self.received_rows += n
+        if msg.get("dropped", 0):
+            actor = msg["actor_id"]
+            self.lost_rows[actor] = self.lost_rows.get(actor, 0) + msg["dropped"]
+            log.warning("actor %s lost %d rows (batch %d) to its spool's overflow: the learner was away longer than "
+                        "the spool holds (%d lost from it in all)", actor, msg["dropped"], msg["seq"],
+                        self.lost_rows[actor])
         for ep in msg.get("episodes", []):
             self.episodes.append({**ep, "actor_id": msg["actor_id"], "env_steps": self.env_steps})
 

@@ -7,8 +7,11 @@ bounded spool until the learner reports them *durable* (written to a checkpoint)
 ``applied_seq + 1``, so after a learner crash and restart from its checkpoint each batch
 lands exactly once (the learner ignores seqs it has applied and refuses gaps). A link first
 sends a hello (seq 0, no rows) and numbers its batches after the learner's ``applied_seq`` for
-its actor id, so an actor restarted under its id is not taken for a duplicate. Weights
-come over PUB/SUB with conflation: only the newest version is ever kept.
+its actor id, so an actor restarted under its id is not taken for a duplicate. When the
+spool overflows (the learner away for hours) its oldest batches lose their rows but keep
+their seqs: each is sent as a placeholder of no rows that says how many were lost, so the
+learner counts the loss and the seqs after it still land. Weights come over PUB/SUB with
+conflation: only the newest version is ever kept.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ class LearnerLink:
         self.spool_rows = 0
         self.next_seq, self.send_from, self.applied, self.durable = 1, 1, 0, 0
         self.dropped_rows = 0  # spool overflow (the learner was away too long)
+        # the seqs of the batches dropped, with their row counts: consecutive, and all older than
+        # the spool's (a few bytes each where a batch of 64 rows is ~10 KB)
+        self.holes: deque[tuple[int, int]] = deque()
         self.sent_rows = 0
         self._weights: tuple[int, dict, dict] | None = None
         self.weights_version = 0
@@ -138,7 +144,9 @@ class LearnerLink:
                 old, _, n = self.spool.popleft()  # oldest first: bounded memory, loss counted
                 self.spool_rows -= n
                 self.dropped_rows += n
-                log.warning("spool full: dropped batch %d (%d rows)", old, n)
+                self.holes.append((old, n))  # a learner that has not applied it must still hear of its seq
+                log.warning("spool full (%d rows): dropped batch %d (%d rows); the learner is told of the loss",
+                            self.spool_max_rows, old, n)
 
     def _run(self) -> None:
         ctx = zmq.Context.instance()
@@ -171,8 +179,7 @@ class LearnerLink:
                         except zmq.Again:
                             pass
                 elif waiting is None:
-                    with self._lock:
-                        item = next(((s, f) for s, f, _ in self.spool if s >= self.send_from), None)
+                    item = self._next_to_send()
                     if item is not None:
                         try:
                             dealer.send(item[1], zmq.NOBLOCK)
@@ -216,6 +223,15 @@ class LearnerLink:
             dealer.close(linger=0)
             sub.close(linger=0)
 
+    def _next_to_send(self) -> tuple[int, bytes] | None:
+        """The first batch from ``send_from`` on: a dropped batch's placeholder, or a spooled frame."""
+        with self._lock:
+            if self.holes and self.send_from <= self.holes[-1][0]:
+                seq, lost = self.holes[max(0, self.send_from - self.holes[0][0])]
+                return seq, encode("transitions", actor_id=self.actor_id, seq=seq,
+                                   rows=np.zeros((0, 1), np.float32), dropped=lost)
+            return next(((s, f) for s, f, _ in self.spool if s >= self.send_from), None)
+
     def _number_from(self, base: int) -> None:
         """Renumber the spooled batches after ``base``, the last batch the learner applied for this
         actor id before this link started (else they would be taken as duplicates and lost)."""
@@ -225,6 +241,7 @@ class LearnerLink:
                          base, self.actor_id, base + 1)
                 self.spool = deque((seq + base, encode("transitions", **{**decode(frame).fields, "seq": seq + base}), n)
                                    for seq, frame, n in self.spool)
+                self.holes = deque((seq + base, n) for seq, n in self.holes)
                 self.next_seq += base
                 self._marker_seq += base if self._marker_seq else 0
             self._based = True
@@ -233,6 +250,8 @@ class LearnerLink:
         with self._lock:
             self.applied, self.durable = applied, durable
             self.send_from = applied + 1
+            while self.holes and self.holes[0][0] <= durable:
+                self.holes.popleft()
             while self.spool and self.spool[0][0] <= durable:
                 _, _, n = self.spool.popleft()
                 self.spool_rows -= n
