@@ -39,6 +39,7 @@ log = logging.getLogger("arli.learner")
 TAIL_QUIET_S = 3.0
 TAIL_MAX_S = 30.0  # after the target: the longest the learner waits for its actors to hear it
 PUB_LINGER_MS = 1000
+LOST_LOG_EVERY_S = 10.0  # an actor back from a long outage sends thousands of placeholders
 ROUTER_LINGER_MS = 500  # the acks of an actor's last batches, answered just before the close
 
 
@@ -66,6 +67,7 @@ class LearnerService:
         self.received_rows = 0
         self.duplicates = 0
         self.lost_rows: dict[str, int] = {}  # per actor: rows its spool dropped before they got here
+        self._lost_logged: dict[str, float] = {}  # when each actor's loss was last logged
         self.version = 0
         # the env-step target is reached: every ack says so, because the weights that say so
         # (PUB/SUB) can be lost, and an actor that never hears it would run on
@@ -157,9 +159,11 @@ class LearnerService:
         if msg.get("dropped", 0):
             actor = msg["actor_id"]
             self.lost_rows[actor] = self.lost_rows.get(actor, 0) + msg["dropped"]
-            log.warning("actor %s lost %d rows (batch %d) to its spool's overflow: the learner was away longer than "
-                        "the spool holds (%d lost from it in all)", actor, msg["dropped"], msg["seq"],
-                        self.lost_rows[actor])
+            now = time.perf_counter()
+            if now - self._lost_logged.get(actor, -LOST_LOG_EVERY_S) >= LOST_LOG_EVERY_S:  # one line per burst
+                self._lost_logged[actor] = now
+                log.warning("actor %s lost rows to its spool's overflow (%d so far, up to batch %d): the learner was "
+                            "away longer than the actor's spool holds", actor, self.lost_rows[actor], msg["seq"])
         for ep in msg.get("episodes", []):
             self.episodes.append({**ep, "actor_id": msg["actor_id"], "env_steps": self.env_steps})
 

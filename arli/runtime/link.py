@@ -50,6 +50,7 @@ class LearnerLink:
         # the seqs of the batches dropped, with their row counts: consecutive, and all older than
         # the spool's (a few bytes each where a batch of 64 rows is ~10 KB)
         self.holes: deque[tuple[int, int]] = deque()
+        self._holes_plain = False  # a learner of the previous protocol refuses ``dropped``: send bare placeholders
         self.sent_rows = 0
         self._weights: tuple[int, dict, dict] | None = None
         self.weights_version = 0
@@ -211,6 +212,12 @@ class LearnerLink:
                             self.spool = deque(b for b in self.spool if b[0] != waiting[0])
                         log.info("the learner does not take the last-batch marker (%s): an older learner", msg["message"])
                         waiting = None
+                    elif (msg.kind == "error" and waiting is not None and not self._holes_plain
+                          and self._is_hole(waiting[0])):
+                        self._holes_plain = True  # it applies a batch of no rows: the loss is only logged here
+                        log.warning("the learner does not take the dropped-rows count (%s): an older learner; "
+                                    "placeholders go without it", msg["message"])
+                        waiting = None
                     elif msg.kind == "error" and waiting is not None and waiting[0] != refused:
                         refused = waiting[0]  # resent after ack_timeout_s: said once per batch
                         log.error("the learner refused batch %d (%s: %s); it is resent until a learner takes it: run "
@@ -223,13 +230,21 @@ class LearnerLink:
             dealer.close(linger=0)
             sub.close(linger=0)
 
+    def _is_hole(self, seq: int) -> bool:
+        with self._lock:
+            return bool(self.holes) and self.holes[0][0] <= seq <= self.holes[-1][0]
+
     def _next_to_send(self) -> tuple[int, bytes] | None:
         """The first batch from ``send_from`` on: a dropped batch's placeholder, or a spooled frame."""
         with self._lock:
             if self.holes and self.send_from <= self.holes[-1][0]:
-                seq, lost = self.holes[max(0, self.send_from - self.holes[0][0])]
+                i = max(0, self.send_from - self.holes[0][0])  # holes are consecutive seqs
+                if i >= len(self.holes) or self.holes[i][0] != max(self.send_from, self.holes[0][0]):
+                    i = next(k for k, (seq, _) in enumerate(self.holes) if seq >= self.send_from)
+                seq, lost = self.holes[i]
+                count = {} if self._holes_plain else {"dropped": lost}
                 return seq, encode("transitions", actor_id=self.actor_id, seq=seq,
-                                   rows=np.zeros((0, 1), np.float32), dropped=lost)
+                                   rows=np.zeros((0, 1), np.float32), **count)
             return next(((s, f) for s, f, _ in self.spool if s >= self.send_from), None)
 
     def _number_from(self, base: int) -> None:
