@@ -175,6 +175,7 @@ def actor_main(cfg: ActorConfig) -> int:
         inference.close()
     residual = np.asarray(ctl.residual_s) * 1000
     out = {"actor_id": cfg.actor_id, **vars(stats), "flushed": flushed, "dropped_rows": link.dropped_rows,
+           "dropped_episodes": link.dropped_episodes,
            "latency_ms": {q: float(np.percentile(np.asarray(inference.latencies) * 1000, p))
                           for q, p in (("p50", 50), ("p99", 99))} if inference.latencies else {},
            "residual_p99_ms": float(np.percentile(residual, 99)) if len(residual) else None}

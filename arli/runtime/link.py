@@ -46,7 +46,9 @@ class LearnerLink:
         self.spool: deque[tuple[int, bytes, int]] = deque()  # (seq, frame, rows), not yet durable
         self.spool_rows = 0
         self.next_seq, self.send_from, self.applied, self.durable = 1, 1, 0, 0
-        self.dropped_rows = 0  # spool overflow (the learner was away too long)
+        # spool overflow (the learner was away too long): rows and episode ends let go before the learner
+        # made them durable; the learner's ``lost_rows`` counts those of them it never applied
+        self.dropped_rows = self.dropped_episodes = 0
         # the seqs of the batches dropped, with their row counts: consecutive, and all older than
         # the spool's (a few bytes each where a batch of 64 rows is ~10 KB)
         self.holes: deque[tuple[int, int]] = deque()
@@ -142,12 +144,14 @@ class LearnerLink:
             self.spool.append((seq, frame, len(rows)))
             self.spool_rows += len(rows)
             while self.spool_rows > self.spool_max_rows and len(self.spool) > 1:
-                old, _, n = self.spool.popleft()  # oldest first: bounded memory, loss counted
+                old, lost, n = self.spool.popleft()  # oldest first: bounded memory, loss counted
+                episodes = len(decode(lost).get("episodes", []))  # an episode's end can travel without rows
                 self.spool_rows -= n
                 self.dropped_rows += n
+                self.dropped_episodes += episodes
                 self.holes.append((old, n))  # a learner that has not applied it must still hear of its seq
-                log.warning("spool full (%d rows): dropped batch %d (%d rows); the learner is told of the loss",
-                            self.spool_max_rows, old, n)
+                log.warning("spool full (%d rows): dropped batch %d (%d rows, %d episode ends); the learner is told "
+                            "of the rows", self.spool_max_rows, old, n, episodes)
 
     def _run(self) -> None:
         ctx = zmq.Context.instance()
