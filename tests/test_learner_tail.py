@@ -419,3 +419,11 @@ def test_a_spool_that_overflowed_while_the_learner_was_away_still_delivers_what_
         if stop is not None:
             stop.set()
             thread.join(timeout=10)
+
+
+@pytest.mark.parametrize("dropped,rows", [(-3, 0), (4, 2)])
+def test_a_dropped_count_that_is_negative_or_rides_on_rows_is_refused_and_changes_nothing(service, dropped, rows):
+    frame = encode("transitions", actor_id="a", seq=1, rows=np.zeros((rows, WIDTH), np.float32), dropped=dropped)
+    reply = decode(service.handle([frame]))
+    assert reply.kind == "error" and reply["code"] == "schema" and "'dropped'" in reply["message"]
+    assert service.applied == {} and service.lost_rows == {} and service.env_steps == 0

@@ -122,6 +122,9 @@ class LearnerService:
             if msg.kind != "transitions":
                 raise ProtocolError("unknown_kind", f"the learner accepts transitions, not {msg.kind!r}")
             actor, seq = msg["actor_id"], msg["seq"]
+            if msg.get("dropped", 0) < 0 or (msg.get("dropped", 0) and len(msg["rows"])):
+                raise ProtocolError("schema", f"field 'dropped' of batch {seq} must be a count >= 0 on a batch of no "
+                                    f"rows, got {msg['dropped']} with {len(msg['rows'])} rows")
             if identity:
                 self.identities[actor] = identity
             applied = self.applied.get(actor, 0)
