@@ -54,6 +54,12 @@ def test_serve_learner_actor_on_a_franka_record_and_learn(tmp_path):
     # the learner got every step exactly once, from this actor
     service = json.loads((out / "learner" / "checkpoint" / "service.json").read_text())
     assert service["received_rows"] == 90 and len(service["episodes"]) == 3
+    # stopped by a signal, as an operator stops a real arm's learner: its summary says what it got
+    summary = json.loads((out / "learner" / "summary.json").read_text())
+    assert summary["robot"] == "franka" and summary["finished"] is False
+    assert summary["received_rows"] == 90 and len(summary["episodes"]) == 3
+    assert summary["actors"] == ["actor0"] and summary["lost_rows"] == {}
+    assert "finetuned_success" not in summary  # nothing evaluated in sim for a real arm
     # and the recording holds the three episodes as the robot saw them
     from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: PLC0415
 

@@ -31,7 +31,7 @@ def test_launch_two_actors_one_learner(tmp_path):
     logs = {p.name: p.read_text() for p in out.glob("*.log")}
     assert proc.returncode == 0, (proc.stdout[-2000:], {k: v[-1500:] for k, v in logs.items()})
     summary = json.loads((out / "learner" / "summary.json").read_text())
-    assert summary["actors"] == ["actor0", "actor1"]
+    assert summary["actors"] == ["actor0", "actor1"] and summary["finished"] is True
     assert summary["env_steps"] >= 400 and summary["updates"] > 0
     by_actor = {a: [e for e in summary["episodes"] if e["actor_id"] == a] for a in ("actor0", "actor1")}
     actor_steps = 0

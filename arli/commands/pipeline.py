@@ -108,29 +108,39 @@ def learner_main(cfg: LearnerServiceConfig) -> int:
         return LearnerDiverged.exit_code
     finally:
         service.close()
-    if stop.is_set():
-        print(f"arli learner: stopped at env step {service.env_steps}; checkpoint in {run_dir}/checkpoint "
-              "(start the same command again to resume)", flush=True)
-        return 0
-    if cfg.robot != "sim":  # a real arm's learner has nothing to evaluate in sim
-        print(f"arli learner: done at env step {service.env_steps}; checkpoint in {run_dir}/checkpoint", flush=True)
+    record = {"env": name, "robot": cfg.robot, "variant": cfg.run.variant, "delay_steps": delay,
+              "finished": not stop.is_set(), "env_steps": service.env_steps, "updates": ft.learner.updates,
+              "start_guard": ft.start_record.get("start_guard"),  # checkpointed: a resumed learner's too
+              "actors": sorted(service.applied), "received_rows": service.received_rows,
+              "episodes": service.episodes, "duplicates_ignored": service.duplicates,
+              "lost_rows": service.lost_rows, "rejected_rows": service.rejected_rows}
+    if stop.is_set() or cfg.robot != "sim":  # a real arm's learner has nothing to evaluate in sim
+        _write_summary(run_dir, record)
+        state = "stopped" if stop.is_set() else "done"
+        lost = sum(service.lost_rows.values())
+        print(f"arli learner: {state} at env step {service.env_steps}, {len(service.episodes)} episodes from "
+              f"{len(service.applied)} actors" + (f", {lost} rows lost to full actor spools" if lost else "")
+              + f"; checkpoint in {run_dir}/checkpoint, summary in {run_dir}/summary.json"
+              + (" (start the same command again to resume)" if stop.is_set() else ""), flush=True)
         return 0
     final = ft.evaluate_test()
-    summary = {"env": name, "variant": cfg.run.variant, "delay_steps": delay, "env_steps": service.env_steps,
-               "updates": ft.learner.updates, "finetuned_success": final["success"],
-               "start_guard": ft.start_record.get("start_guard"),  # checkpointed: a resumed learner's too
-               # the test evaluation's (the actors' episodes run in their own processes)
-               "sim_unstable_episodes": {"test_final": final["sim_unstable_episodes"]},
-               "eval": {"split": "test", "seed_base": cfg.run.test_seed, "episodes": cfg.run.test_episodes},
-               "outcomes": final["outcomes"], "actors": sorted(service.applied),
-               "episodes": service.episodes, "duplicates_ignored": service.duplicates,
-               "lost_rows": service.lost_rows,
-               "rejected_rows": service.rejected_rows}
-    with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as fh:
-        json.dump(summary, fh, indent=1)
+    _write_summary(run_dir, {
+        **record, "finetuned_success": final["success"],
+        # the test evaluation's (the actors' episodes run in their own processes)
+        "sim_unstable_episodes": {"test_final": final["sim_unstable_episodes"]},
+        "eval": {"split": "test", "seed_base": cfg.run.test_seed, "episodes": cfg.run.test_episodes},
+        "outcomes": final["outcomes"]})
     print(f"arli learner: done at env step {service.env_steps}; final eval (sim time, d={delay}) "
           f"success {final['success']:.2f} over {cfg.run.test_episodes} test episodes -> {run_dir}/summary.json")
     return 0
+
+
+def _write_summary(run_dir: str, summary: dict) -> None:
+    """The learner's ``summary.json``, written whole or not at all (a reader never sees half)."""
+    path = os.path.join(run_dir, "summary.json")
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(summary, fh, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def actor_main(cfg: ActorConfig) -> int:
