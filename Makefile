@@ -11,9 +11,11 @@ export MUJOCO_GL ?= egl
 
 # --compile-bytecode: every process the tests start imports torch and LeRobot from
 # bytecode written once here, not compiled again from source where PYTHONDONTWRITEBYTECODE is set
+# UV=uv: a uv installed on its own (pipx, its installer), where the system Python refuses pip installs
+UV ?= $(PY) -m uv
 $(STAMP): pyproject.toml uv.lock
-	@$(PY) -m uv --version >/dev/null 2>&1 || $(PY) -m pip install --quiet uv
-	$(PY) -m uv sync --frozen --compile-bytecode
+	@$(UV) --version >/dev/null 2>&1 || $(PY) -m pip install --quiet uv
+	$(UV) sync --frozen --compile-bytecode
 	@touch $(STAMP)
 
 setup: $(STAMP)
