@@ -580,6 +580,9 @@ class BenchCriticConfig:
     states: int = 30  # sampled states per source and run
     perturbations: int = 4  # random moves of r(s) per state
     perturb_scale: float = 0.5  # their size per action entry, in residual units
+    # rollouts per candidate, each under its own draw of the base's sampling noise; their mean is
+    # the Monte-Carlo Q, and with >= 2 the report adds the labels' split-half reliability
+    repeats: int = 1
     seed_base: int | None = None  # roll-in episode seeds; null = the run's tune seeds
     seed: int = 0  # the perturbations' draws
     workers: int = 1  # runs judged in parallel processes (one torch thread each)
@@ -590,7 +593,7 @@ class BenchCriticConfig:
     def validate(self) -> None:
         require(all(isinstance(r, str) and r for r in self.runs), "runs",
                 "a list of `arli finetune` run directories", self.runs)
-        for name in ("episodes", "every", "states", "workers"):
+        for name in ("episodes", "every", "states", "workers", "repeats"):
             require(getattr(self, name) >= 1, name, ">= 1", getattr(self, name))
         require(self.perturbations >= 0, "perturbations", ">= 0", self.perturbations)
         require(self.perturb_scale > 0, "perturb_scale", "> 0", self.perturb_scale)

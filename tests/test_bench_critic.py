@@ -21,6 +21,77 @@ def test_ranking_counts_only_pairs_whose_returns_differ():
     assert 0 <= lo <= 2 / 5 <= hi <= 1
 
 
+def test_split_halves_rank_the_labels_against_themselves_and_the_critic_against_the_same_half():
+    from arli.bench.critic import split_half
+
+    agree = {"x": {"runs": [1.0, 1.0], "q": 0.9}, "y": {"runs": [0.0, 0.0], "q": 0.1}}  # both right
+    flip = {"x": {"runs": [1.0, 0.0], "q": 0.2}, "y": {"runs": [0.0, 1.0], "q": 0.8}}  # halves disagree
+    tie = {"x": {"runs": [0.5, 0.5], "q": 0.1}, "y": {"runs": [0.0, 0.5], "q": 0.3}}  # odd half ties: 1/2
+    level = {"x": {"runs": [0.2, 0.9], "q": 0.1}, "y": {"runs": [0.2, 0.0], "q": 0.3}}  # even half ties: no pair
+    states = [{k: {**v, "mc": float(np.mean(v["runs"]))} for k, v in st.items()} for st in (agree, flip, tie, level)]
+    out = split_half(states)
+    assert out == {"pairs": 3, "labels": pytest.approx(1.5 / 3), "critic": pytest.approx(1 / 3)}
+    assert ranking(states)["split_half"] == out
+    one = [{"x": {"runs": [1.0], "q": 0.0, "mc": 1.0}, "y": {"runs": [0.0], "q": 0.0, "mc": 0.0}}]
+    assert split_half(one) is None and ranking(one)["split_half"] is None  # a single repeat has no halves
+
+
+def test_repeats_draw_fresh_base_noise_the_same_for_every_candidate():
+    """Repeat 0 continues with the base's noise as the roll-in left it; each later repeat with
+    its own reproducible draw, shared by every candidate (common random numbers)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    class Ctl:
+        def begin_episode(self):
+            pass
+
+        def act(self, t, obs, info):
+            return np.zeros(2, np.float32)
+
+        def after_step(self, t, reward, terminated, truncated):
+            pass
+
+        def end(self, obs, info, terminated, truncated):
+            pass
+
+    class Episode:  # two steps; each step's reward is one draw of the base's noise + the action's push
+        def __init__(self, base):
+            self.base, self.ctl, self.t, self.done = base, None, 0, False
+
+        def step(self):
+            obs, info = SimpleNamespace(state=np.zeros(3)), SimpleNamespace(base_action=np.zeros(2, np.float32))
+            action = self.ctl.act(self.t, obs, info)
+            reward = float(torch.rand(1, generator=self.base._gen)) + float(action[0])
+            self.t += 1
+            self.done = self.t == 2
+            self.ctl.after_step(self.t - 1, reward, False, self.done)
+
+        def finish(self):
+            self.ctl.end(None, None, False, True)
+
+    base = SimpleNamespace(_gen=torch.Generator().manual_seed(123))
+    learner = SimpleNamespace(generator=torch.Generator().manual_seed(0),
+                              q_value=lambda s, a: np.asarray(a, np.float64).sum(axis=1))
+    ft = SimpleNamespace(base=base, learner=learner, expert=None, spec=SimpleNamespace(learner=SimpleNamespace(
+        residual_scale=0.5)), builder=SimpleNamespace(build=lambda state, info: np.zeros(4, np.float32)),
+        evaluation_controller=Ctl)
+    snapshot = (Episode(base), 5, 7, base._gen.get_state())
+    picks = {"push": lambda s, b, obs: np.array([0.4, 0.0], np.float32), "base": lambda s, b, obs: np.zeros(2)}
+    rows = monte_carlo(ft, snapshot, picks, gamma=0.5, repeats=3)
+    push, zero = np.array(rows["push"]["runs"]), np.array(rows["base"]["runs"])
+    assert np.allclose(push - zero, 0.2)  # the same noise for both in every repeat: only the push differs
+    assert len(set(np.round(zero, 9))) == 3  # each repeat its own draw
+    first = torch.Generator()
+    first.set_state(snapshot[3])
+    draws = torch.rand(2, generator=first).tolist()
+    assert zero[0] == pytest.approx(draws[0] + 0.5 * draws[1])  # repeat 0: the roll-in's own noise
+    assert rows["push"]["mc"] == pytest.approx(push.mean()) and rows["push"]["q"] == pytest.approx(0.2)
+    again = monte_carlo(ft, snapshot, picks, gamma=0.5, repeats=3)
+    assert again["base"]["runs"] == rows["base"]["runs"]  # the later draws are seeded: reproducible
+
+
 @pytest.mark.slow
 def test_a_candidate_is_judged_from_a_faithful_copy_of_the_episode():
     from arli.cli import compose
@@ -44,10 +115,12 @@ def test_a_candidate_is_judged_from_a_faithful_copy_of_the_episode():
     picks = _candidates(ft, perturbations=2, sigma=0.5, rng=np.random.default_rng(0))
     assert set(picks) == {"residual", "explored", "base", "expert", "perturbed_0", "perturbed_1"}
     for snap in snaps:
-        rows = monte_carlo(ft, snap, picks, gamma)
+        rows = monte_carlo(ft, snap, picks, gamma, repeats=2)
         t = snap[1]
         went_on_to = sum(gamma ** k * r for k, r in enumerate(rewards[t:]))
         assert rows["residual"]["mc"] == pytest.approx(went_on_to, abs=1e-9)
+        # the scripted base draws no noise: a second repeat returns the same
+        assert rows["residual"]["runs"] == pytest.approx([went_on_to] * 2, abs=1e-9)
         assert all(np.isfinite(v["q"]) for v in rows.values())
         assert not np.allclose(rows["perturbed_0"]["action"], rows["residual"]["action"])
         # the executed action as training explores: the residual moved by the run's exploration noise
@@ -106,3 +179,23 @@ def test_the_report_names_the_command_that_wrote_it(monkeypatch, tmp_path):
     assert ("`arli bench critic 'runs=[runs/a, runs/b]' states=40 episodes=20 every=10 perturbations=4 "
             f"perturb_scale=0.5 seed=0 name=c report_dir={tmp_path}`") in md
     assert "| `runs/a` (arli, d=8, 10 steps) | 4 × 128 |" in md and "0.75 [0.50, 1.00]" in md
+
+
+def test_the_report_shows_the_split_halves_next_to_the_critic(monkeypatch, tmp_path):
+    import arli.bench.critic as critic
+    from arli.config import BenchCriticConfig
+
+    overall = {"states": 2, "states_with_ranked_pairs": 2, "pairs": 12, "pairwise_accuracy": 0.6,
+               "spearman": 0.2, "top1": 0.5, "q_mean": 0.4, "mc_mean": 0.5,
+               "split_half": {"pairs": 12, "labels": 0.7, "critic": 0.55}}
+    settings = {"critic_heads": 4, "critic_hidden": 128, "utd": 1, "critic_warmup_updates": 2000, "gamma": 0.99,
+                "n_step": 3, "exploration_std": 0.1}
+    fake = [{"run": "runs/a", "env": "peg_insert", "variant": "arli", "delay_steps": 8, "env_steps": 10,
+             "states": [], "overall": overall, "settings": settings, "by_source": {}, "by_phase": {},
+             "by_candidate": {}}]
+    monkeypatch.setattr(critic, "judge_runs", lambda cfg, sources: fake)
+    cfg = BenchCriticConfig(runs=["runs/a"], repeats=4, name="c", report_dir=str(tmp_path))
+    assert critic.main(cfg) == 0
+    md = (tmp_path / "c.md").read_text()
+    assert "perturb_scale=0.5 repeats=4 seed=0" in md and "the mean of 4 rollouts" in md
+    assert md.count("split halves: labels / critic (pairs) |") == 1 and "| 0.70 / 0.55 (12) |" in md

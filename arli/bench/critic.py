@@ -11,6 +11,12 @@ Monte-Carlo Q(s, a). The critic's mean-head Q(s, a) of the same candidates is th
 pairwise ranking accuracy (pairs whose returns differ), Spearman correlation per state,
 top-1 (is its favourite the best?) and calibration, per state source and task phase.
 
+One continuation is one draw of the base's sampling noise: on a contact-rich task a return
+from it is a noisy label. ``repeats`` > 1 rolls every candidate out again under fresh draws
+(the same draws for every candidate) and takes the mean; the labels' own reliability is then
+measured by split halves (the mean of the odd repeats ranking the mean of the even ones),
+next to the critic ranking the same half: a critic cannot rank better than its labels allow.
+
 Several runs made at different learner settings (heads, width, UTD, warm-up, gamma, n)
 are judged on their own states, each with its settings. Sim state restore is a diagnostic
 only: no learner uses it (a robot cannot restore a state).
@@ -115,28 +121,64 @@ def _copy(episode, keep):
     return copy.deepcopy(episode, {id(x): x for x in keep if x is not None})
 
 
-def monte_carlo(ft, snapshot, picks: dict, gamma: float) -> dict:
-    """Every candidate from one snapshot: its MC return and the critic's Q of it."""
+def monte_carlo(ft, snapshot, picks: dict, gamma: float, repeats: int = 1) -> dict:
+    """Every candidate from one snapshot: its MC return (the mean over ``repeats`` rollouts,
+    each listed in ``runs``) and the critic's Q of it. Repeat 0 continues with the base's noise
+    as the roll-in left it; repeat j > 0 with a fresh draw seeded by (episode seed, t, j); every
+    candidate of a repeat sees the same draw (common random numbers). Q and the action are
+    repeat 0's (the first step's base action is the same in every repeat unless a chunk lands
+    at that very step)."""
     episode0, t, seed, gen_state = snapshot
     scale = ft.spec.learner.residual_scale
     learner_state = ft.learner.generator.get_state()
-    rows = {}
-    for name, pick in picks.items():
-        episode = _copy(episode0, (ft.base, ft.learner, ft.builder, ft.expert))
-        if gen_state is not None:  # common random numbers: every candidate sees the base's same noise
-            ft.base._gen.set_state(gen_state)
-        ft.learner.generator.set_state(learner_state)  # and the learner's (value gating draws from it)
-        inner = ft.evaluation_controller()
-        inner.begin_episode()
-        forced = FirstStepForced(inner, ft.builder, scale, gamma, pick)
-        episode.ctl = forced
-        while not episode.done:
-            episode.step()
-        episode.finish()
-        state, action = forced.first
-        rows[name] = {"mc": forced.ret, "q": float(ft.learner.q_value(state[None], action[None])[0]),
-                      "action": action}
+    rows: dict[str, dict] = {}
+    for j in range(repeats):
+        for name, pick in picks.items():
+            episode = _copy(episode0, (ft.base, ft.learner, ft.builder, ft.expert))
+            if gen_state is not None:
+                ft.base._gen.set_state(gen_state)
+                if j:
+                    ft.base._gen.manual_seed(int(np.random.SeedSequence([seed, t, j]).generate_state(1)[0]))
+            ft.learner.generator.set_state(learner_state)  # and the learner's (value gating draws from it)
+            inner = ft.evaluation_controller()
+            inner.begin_episode()
+            forced = FirstStepForced(inner, ft.builder, scale, gamma, pick)
+            episode.ctl = forced
+            while not episode.done:
+                episode.step()
+            episode.finish()
+            if j == 0:
+                state, action = forced.first
+                rows[name] = {"q": float(ft.learner.q_value(state[None], action[None])[0]), "action": action,
+                              "runs": []}
+            rows[name]["runs"].append(forced.ret)
+    for row in rows.values():
+        row["mc"] = float(np.mean(row["runs"]))
     return rows
+
+
+def split_half(states: list[dict], tol: float = 1e-6) -> dict | None:
+    """How well the labels rank themselves: over pairs whose mean return over the even repeats
+    (half B) differs, the share the mean over the odd repeats (half A) orders the same way (a tie
+    in A counts 1/2), and the share the critic's Q orders that way. None unless every candidate
+    has >= 2 repeats."""
+    if not states or any(len(v.get("runs", ())) < 2 for st in states for v in st.values()):
+        return None
+    labels = critic = 0.0
+    pairs = 0
+    for st in states:
+        a = np.array([np.mean(v["runs"][1::2]) for v in st.values()])
+        b = np.array([np.mean(v["runs"][0::2]) for v in st.values()])
+        q = np.array([v["q"] for v in st.values()])
+        for i in range(len(b)):
+            for j in range(i + 1, len(b)):
+                if abs(b[i] - b[j]) <= tol:
+                    continue
+                pairs += 1
+                sign = np.sign(b[i] - b[j])
+                labels += 0.5 if abs(a[i] - a[j]) <= tol else float(np.sign(a[i] - a[j]) == sign)
+                critic += float(np.sign(q[i] - q[j]) == sign)
+    return {"pairs": pairs, "labels": labels / pairs if pairs else None, "critic": critic / pairs if pairs else None}
 
 
 def ranking(states: list[dict], tol: float = 1e-6) -> dict:
@@ -164,7 +206,8 @@ def ranking(states: list[dict], tol: float = 1e-6) -> dict:
            "pairwise_accuracy": correct / total if total else None,
            "spearman": float(np.mean(spear)) if spear else None, "top1": float(np.mean(top1)) if top1 else None,
            "q_mean": float(np.mean(q_all)) if q_all else None, "mc_mean": float(np.mean(g_all)) if g_all else None,
-           "q_mc_corr": float(np.corrcoef(q_all, g_all)[0, 1]) if len(q_all) > 2 and np.std(g_all) > 0 else None}
+           "q_mc_corr": float(np.corrcoef(q_all, g_all)[0, 1]) if len(q_all) > 2 and np.std(g_all) > 0 else None,
+           "split_half": split_half(states, tol)}
     if per_state:
         rng = np.random.default_rng(0)
         cs, ns = np.array(per_state).T
@@ -193,10 +236,12 @@ def judge_run(run_dir: str, cfg: BenchCriticConfig, bar=None) -> dict:
     states = []
     for source in sources:
         for snap in _snapshots(ft, source, seeds, cfg.every, cfg.states):
-            rows = monte_carlo(ft, snap, _candidates(ft, cfg.perturbations, cfg.perturb_scale, rng), lc.gamma)
+            rows = monte_carlo(ft, snap, _candidates(ft, cfg.perturbations, cfg.perturb_scale, rng), lc.gamma,
+                               cfg.repeats)
             phase = PHASES[min(int(3 * snap[1] / T), 2)]
             states.append({"source": source, "phase": phase, "t": snap[1], "seed": snap[2],
-                           "candidates": {k: {"mc": v["mc"], "q": v["q"]} for k, v in rows.items()}})
+                           "candidates": {k: {"mc": v["mc"], "q": v["q"], "runs": v["runs"]}
+                                          for k, v in rows.items()}})
             if bar is not None:
                 bar.update(1)
     cands = [s["candidates"] for s in states]
@@ -213,7 +258,7 @@ def judge_run(run_dir: str, cfg: BenchCriticConfig, bar=None) -> dict:
                          "critic_warmup_updates": lc.critic_warmup_updates, "gamma": lc.gamma, "n_step": lc.n_step,
                          "exploration_std": lc.exploration_std, "actor_update": lc.actor_update},
             "seeds": {"split": "tune" if cfg.seed_base is None else "given", "seed_base": seed_base,
-                      "episodes": cfg.episodes},
+                      "episodes": cfg.episodes}, "repeats": cfg.repeats,
             "overall": ranking(cands), "by_source": by["source"], "by_phase": by["phase"],
             "by_candidate": per_candidate, "states": states}
 
@@ -260,6 +305,7 @@ def main(cfg: BenchCriticConfig) -> int:
     sources = 2  # at most: the residual's states and the expert's
     results = judge_runs(cfg, sources)
     name = cfg.name or f"critic_{results[0]['env']}"
+    split = any(r["overall"].get("split_half") for r in results)
     payload = {"runs": results, "every": cfg.every, "perturbations": cfg.perturbations,
                "perturb_scale": cfg.perturb_scale, "machine": machine_info()}
     os.makedirs(cfg.report_dir, exist_ok=True)
@@ -278,6 +324,7 @@ def main(cfg: BenchCriticConfig) -> int:
     md = ["# Critic diagnostics: does the critic rank actions?", "",
           f"`arli bench critic 'runs=[{', '.join(cfg.runs)}]' states={cfg.states} episodes={cfg.episodes} "
           f"every={cfg.every} perturbations={cfg.perturbations} perturb_scale={cfg.perturb_scale}"
+          + (f" repeats={cfg.repeats}" if cfg.repeats != 1 else "")
           + (f" seed_base={cfg.seed_base}" if cfg.seed_base is not None else "") + f" seed={cfg.seed} name={name}"
           + (f" report_dir={cfg.report_dir}" if cfg.report_dir != "reports" else "")
           + "` — from states the run's residual visits and states the scripted "
@@ -285,18 +332,26 @@ def main(cfg: BenchCriticConfig) -> int:
           f"{cfg.states} per source), each candidate (the residual r(s), r(s) with one draw of the run's exploration "
           f"noise, the base, the expert projected into the bound, {cfg.perturbations} moves of r(s) of {cfg.perturb_scale} residual units) runs one step from a "
           "copy of the whole sim episode, then the run's residual continues: the discounted return is a "
-          "Monte-Carlo Q. Pairwise accuracy counts pairs of candidates whose returns differ (chance: 0.5).", "",
+          "Monte-Carlo Q" + (f" (the mean of {cfg.repeats} rollouts, each under its own draw of the base's sampling "
+                             "noise, the same draws for every candidate)" if cfg.repeats > 1 else "")
+          + ". Pairwise accuracy counts pairs of candidates whose returns differ (chance: 0.5)."
+          + (" Split halves: over pairs whose mean return over the even repeats differs, how often the mean over "
+             "the odd repeats orders them the same way (labels: what the labels themselves allow) and how often "
+             "the critic does." if split else ""), "",
           "| run | heads × width | UTD | warm-up | γ | n | exploration | states (ranked) | pairwise acc. [95% CI] | "
-          "Spearman | top-1 | mean Q | mean MC |", "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+          "Spearman | top-1 | mean Q | mean MC |" + (" split halves: labels / critic (pairs) |" if split else ""),
+          "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|" + ("---:|" if split else "")]
     for r in results:
         o, s = r["overall"], r["settings"]
-        ci = o.get("pairwise_accuracy_ci95")
+        ci, sh = o.get("pairwise_accuracy_ci95"), o.get("split_half")
         md.append(f"| `{r['run']}` ({r['variant']}, d={r['delay_steps']}, {r['env_steps']} steps) | "
                   f"{s['critic_heads']} × {s['critic_hidden']} | {s['utd']} | {s['critic_warmup_updates']} | "
                   f"{s['gamma']} | {s['n_step']} | {s['exploration_std']} | {o['states']} ({o['states_with_ranked_pairs']}) | "
                   f"{_fmt(o['pairwise_accuracy'])} " + (f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") +
                   f" | {_fmt(o['spearman'])} | {_fmt(o['top1'])} | {_fmt(o['q_mean'], '.3f')} | "
-                  f"{_fmt(o['mc_mean'], '.3f')} |")
+                  f"{_fmt(o['mc_mean'], '.3f')} |"
+                  + (f" {_fmt(sh['labels'])} / {_fmt(sh['critic'])} ({sh['pairs']}) |" if sh else
+                     (" — |" if split else "")))
     for r in results:
         md += ["", f"## `{r['run']}`", "", "| slice | states (ranked) | pairs | pairwise acc. [95% CI] | Spearman | "
                "top-1 |", "|---|---:|---:|---|---:|---:|"]
