@@ -30,7 +30,13 @@ def test_split_halves_rank_the_labels_against_themselves_and_the_critic_against_
     level = {"x": {"runs": [0.2, 0.9], "q": 0.1}, "y": {"runs": [0.2, 0.0], "q": 0.3}}  # even half ties: no pair
     states = [{k: {**v, "mc": float(np.mean(v["runs"]))} for k, v in st.items()} for st in (agree, flip, tie, level)]
     out = split_half(states)
-    assert out == {"pairs": 3, "labels": pytest.approx(1.5 / 3), "critic": pytest.approx(1 / 3)}
+    assert {k: out[k] for k in ("pairs", "labels", "critic")} == {"pairs": 3, "labels": pytest.approx(1.5 / 3),
+                                                                   "critic": pytest.approx(1 / 3)}
+    # per size of the half-B difference: 0.5 (tie) falls in (0.1, inf), as do agree's and flip's 1.0
+    assert [(g["gap"], g["pairs"]) for g in out["by_gap"]] == [([1e-6, 0.01], 0), ([0.01, 0.1], 0), ([0.1, None], 3)]
+    near = {"x": {"runs": [0.5, 0.5], "q": 0.9, "mc": 0.5}, "y": {"runs": [0.495, 0.49], "q": 0.1, "mc": 0.4925}}
+    small = split_half([near])["by_gap"][0]
+    assert small["pairs"] == 1 and small["labels"] == 1.0 and small["critic"] == 1.0
     assert ranking(states)["split_half"] == out
     one = [{"x": {"runs": [1.0], "q": 0.0, "mc": 1.0}, "y": {"runs": [0.0], "q": 0.0, "mc": 0.0}}]
     assert split_half(one) is None and ranking(one)["split_half"] is None  # a single repeat has no halves
@@ -187,7 +193,9 @@ def test_the_report_shows_the_split_halves_next_to_the_critic(monkeypatch, tmp_p
 
     overall = {"states": 2, "states_with_ranked_pairs": 2, "pairs": 12, "pairwise_accuracy": 0.6,
                "spearman": 0.2, "top1": 0.5, "q_mean": 0.4, "mc_mean": 0.5,
-               "split_half": {"pairs": 12, "labels": 0.7, "critic": 0.55}}
+               "split_half": {"pairs": 12, "labels": 0.7, "critic": 0.55,
+                              "by_gap": [{"gap": [1e-6, 0.01], "pairs": 9, "labels": 0.8, "critic": 0.6},
+                                         {"gap": [0.1, None], "pairs": 3, "labels": 0.5, "critic": 0.4}]}}
     settings = {"critic_heads": 4, "critic_hidden": 128, "utd": 1, "critic_warmup_updates": 2000, "gamma": 0.99,
                 "n_step": 3, "exploration_std": 0.1}
     fake = [{"run": "runs/a", "env": "peg_insert", "variant": "arli", "delay_steps": 8, "env_steps": 10,
@@ -199,3 +207,4 @@ def test_the_report_shows_the_split_halves_next_to_the_critic(monkeypatch, tmp_p
     md = (tmp_path / "c.md").read_text()
     assert "perturb_scale=0.5 repeats=4 seed=0" in md and "the mean of 4 rollouts" in md
     assert md.count("split halves: labels / critic (pairs) |") == 1 and "| 0.70 / 0.55 (12) |" in md
+    assert "| 1e-06 – 0.01 | 9 | 0.80 | 0.60 |" in md and "| 0.1 – ∞ | 3 | 0.50 | 0.40 |" in md

@@ -37,6 +37,9 @@ from arli.interfaces import StepController
 from arli.types import Observation, StepInfo
 
 PHASES = ("early", "middle", "late")  # thirds of the episode's step limit
+# split halves per size of the return difference: a step sooner or later (gamma^k apart) / more /
+# a success against a failure
+GAPS = (0.01, 0.1)
 
 
 class FirstStepForced(StepController):
@@ -160,25 +163,34 @@ def monte_carlo(ft, snapshot, picks: dict, gamma: float, repeats: int = 1) -> di
 def split_half(states: list[dict], tol: float = 1e-6) -> dict | None:
     """How well the labels rank themselves: over pairs whose mean return over the even repeats
     (half B) differs, the share the mean over the odd repeats (half A) orders the same way (a tie
-    in A counts 1/2), and the share the critic's Q orders that way. None unless every candidate
-    has >= 2 repeats."""
+    in A counts 1/2), and the share the critic's Q orders that way; overall and per size of the
+    half-B difference (``by_gap``, edges ``GAPS``). None unless every candidate has >= 2 repeats."""
     if not states or any(len(v.get("runs", ())) < 2 for st in states for v in st.values()):
         return None
-    labels = critic = 0.0
-    pairs = 0
+    edges = (tol, *GAPS, np.inf)
+    tally = np.zeros((len(edges) - 1, 3))  # per gap bin: pairs, labels right, critic right
     for st in states:
         a = np.array([np.mean(v["runs"][1::2]) for v in st.values()])
         b = np.array([np.mean(v["runs"][0::2]) for v in st.values()])
         q = np.array([v["q"] for v in st.values()])
         for i in range(len(b)):
             for j in range(i + 1, len(b)):
-                if abs(b[i] - b[j]) <= tol:
+                gap = abs(b[i] - b[j])
+                if gap <= tol:
                     continue
-                pairs += 1
                 sign = np.sign(b[i] - b[j])
-                labels += 0.5 if abs(a[i] - a[j]) <= tol else float(np.sign(a[i] - a[j]) == sign)
-                critic += float(np.sign(q[i] - q[j]) == sign)
-    return {"pairs": pairs, "labels": labels / pairs if pairs else None, "critic": critic / pairs if pairs else None}
+                tally[int(np.searchsorted(edges, gap, side="left")) - 1] += (
+                    1, 0.5 if abs(a[i] - a[j]) <= tol else float(np.sign(a[i] - a[j]) == sign),
+                    float(np.sign(q[i] - q[j]) == sign))
+
+    def share(n, right):
+        return float(right / n) if n else None
+
+    total = tally.sum(axis=0)
+    return {"pairs": int(total[0]), "labels": share(total[0], total[1]), "critic": share(total[0], total[2]),
+            "by_gap": [{"gap": [float(lo), None if np.isinf(hi) else float(hi)], "pairs": int(n),
+                        "labels": share(n, lab), "critic": share(n, cri)}
+                       for lo, hi, (n, lab, cri) in zip(edges[:-1], edges[1:], tally)]}
 
 
 def ranking(states: list[dict], tol: float = 1e-6) -> dict:
@@ -361,6 +373,12 @@ def main(cfg: BenchCriticConfig) -> int:
                 md.append(f"| {key[3:]} = {v} | {o['states']} ({o['states_with_ranked_pairs']}) | {o['pairs']} | "
                           f"{_fmt(o['pairwise_accuracy'])} " + (f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") +
                           f" | {_fmt(o['spearman'])} | {_fmt(o['top1'])} |")
+        sh = r["overall"].get("split_half")
+        if sh:
+            md += ["", "| split halves: pairs whose half-B returns differ by | pairs | labels | critic |",
+                   "|---|---:|---:|---:|"]
+            md += [f"| {g['gap'][0]:g} – {'∞' if g['gap'][1] is None else format(g['gap'][1], 'g')} | "
+                   f"{g['pairs']} | {_fmt(g['labels'])} | {_fmt(g['critic'])} |" for g in sh["by_gap"]]
         md += ["", "| candidate | mean MC return | mean Q |", "|---|---:|---:|"]
         md += [f"| {k} | {v['mc_mean']:.3f} | {v['q_mean']:.3f} |" for k, v in r["by_candidate"].items()]
     md += ["", f"![Q vs Monte-Carlo return]({name}.png)", "", f"Machine: {machine_info()}", ""]
