@@ -208,3 +208,18 @@ def test_the_report_shows_the_split_halves_next_to_the_critic(monkeypatch, tmp_p
     assert "perturb_scale=0.5 repeats=4 seed=0" in md and "the mean of 4 rollouts" in md
     assert md.count("split halves: labels / critic (pairs) |") == 1 and "| 0.70 / 0.55 (12) |" in md
     assert "| 1e-06 – 0.01 | 9 | 0.80 | 0.60 |" in md and "| 0.1 – ∞ | 3 | 0.50 | 0.40 |" in md
+
+
+def test_repeats_are_refused_on_a_base_that_draws_no_noise():
+    from types import SimpleNamespace
+
+    import torch
+
+    from arli.bench.critic import check_repeats
+    from arli.errors import ConfigError
+
+    scripted = SimpleNamespace(base=object())
+    with pytest.raises(ConfigError, match=r"repeats: 4 .* draws none: every repeat would be the same rollout"):
+        check_repeats(scripted, 4, "runs/a")
+    check_repeats(scripted, 1, "runs/a")  # one rollout: the measurement as it always was
+    check_repeats(SimpleNamespace(base=SimpleNamespace(_gen=torch.Generator())), 4, "runs/a")

@@ -231,6 +231,18 @@ def ranking(states: list[dict], tol: float = 1e-6) -> dict:
     return out
 
 
+def check_repeats(ft, repeats: int, run_dir: str) -> None:
+    """Refuse ``repeats`` > 1 on a base that draws no sampling noise (a scripted expert, a
+    deterministic LeRobot policy): its repeats would all be the same rollout, and split halves
+    of identical labels would claim a perfect ranking."""
+    if repeats > 1 and getattr(ft.base, "_gen", None) is None:
+        from arli.errors import ConfigError  # noqa: PLC0415
+
+        raise ConfigError(f"repeats: {repeats} asks for fresh draws of the base's sampling noise, but the base of "
+                          f"{run_dir} ({type(ft.base).__name__}) draws none: every repeat would be the same rollout; "
+                          "use repeats=1 with it")
+
+
 def judge_run(run_dir: str, cfg: BenchCriticConfig, bar=None) -> dict:
     """One run's critic against Monte-Carlo returns on its own states; ``bar`` (optional)
     advances by one per judged state."""
@@ -239,6 +251,7 @@ def judge_run(run_dir: str, cfg: BenchCriticConfig, bar=None) -> dict:
     run_cfg = load_run_config(run_dir)
     ft, name, delay = make_finetuner(run_cfg)
     ft.load(os.path.join(run_dir, "checkpoint"))
+    check_repeats(ft, cfg.repeats, run_dir)
     spec, lc = run_cfg.run, run_cfg.run.learner
     seed_base = spec.tune_seed if cfg.seed_base is None else cfg.seed_base
     seeds = list(range(seed_base, seed_base + cfg.episodes))
