@@ -587,12 +587,17 @@ class BenchCriticConfig:
     seed: int = 0  # the perturbations' draws
     workers: int = 1  # runs judged in parallel processes (one torch thread each)
     name: str = ""  # the report: reports/<name>.*; "" = critic_<task>
+    # rewrite reports/<name>.* from the judged states its JSON holds (no rollouts): the same
+    # command as wrote it, plus report_only=true
+    report_only: bool = False
     json: bool = False
     report_dir: str = "reports"
 
     def validate(self) -> None:
         require(all(isinstance(r, str) and r for r in self.runs), "runs",
                 "a list of `arli finetune` run directories", self.runs)
+        require(not self.report_only or bool(self.name), "name",
+                "the report to rebuild with report_only=true (reports/<name>.json)", self.name)
         for name in ("episodes", "every", "states", "workers", "repeats"):
             require(getattr(self, name) >= 1, name, ">= 1", getattr(self, name))
         require(self.perturbations >= 0, "perturbations", ">= 0", self.perturbations)

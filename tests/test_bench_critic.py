@@ -223,3 +223,61 @@ def test_repeats_are_refused_on_a_base_that_draws_no_noise():
         check_repeats(scripted, 4, "runs/a")
     check_repeats(scripted, 1, "runs/a")  # one rollout: the measurement as it always was
     check_repeats(SimpleNamespace(base=SimpleNamespace(_gen=torch.Generator())), 4, "runs/a")
+
+
+def test_the_critics_shortfall_against_its_labels_carries_a_bootstrap_interval_over_states():
+    from arli.bench.critic import split_half
+
+    def state(q_right: bool) -> dict:  # the halves agree; the critic orders the pair rightly or not
+        qx, qy = (0.9, 0.1) if q_right else (0.1, 0.9)
+        return {"x": {"runs": [1.0, 1.0], "q": qx, "mc": 1.0}, "y": {"runs": [0.0, 0.0], "q": qy, "mc": 0.0}}
+
+    wrong = split_half([state(False)] * 8)
+    assert wrong["shortfall"] == 1.0 and wrong["shortfall_ci95"] == [1.0, 1.0] and wrong["critic_ci95"] == [0, 0]
+    mixed = split_half([state(True)] * 6 + [state(False)] * 6)
+    assert mixed["labels_ci95"] == [1.0, 1.0] and mixed["shortfall"] == pytest.approx(0.5)
+    lo, hi = mixed["shortfall_ci95"]
+    assert 0.1 < lo < 0.5 < hi < 0.9  # 12 states: the shortfall is known to within a state's share, not exactly
+    assert split_half([state(True)] * 6 + [state(False)] * 6) == mixed  # the resampling is seeded
+
+
+def test_report_only_rebuilds_the_report_from_its_judged_states_and_refuses_another_command(monkeypatch, tmp_path):
+    import json
+
+    import arli.bench.critic as critic
+    from arli.config import BenchCriticConfig
+    from arli.errors import ConfigError
+
+    def cand(runs, q):
+        return {"mc": float(np.mean(runs)), "q": q, "runs": runs}
+
+    states = [{"source": "policy", "phase": "early", "t": 0, "seed": 1,
+               "candidates": {"residual": cand([1.0, 1.0], 0.2), "base": cand([0.0, 0.0], 0.8)}},
+              {"source": "expert", "phase": "middle", "t": 50, "seed": 2,
+               "candidates": {"residual": cand([0.5, 0.4], 0.6), "base": cand([0.1, 0.2], 0.3)}}]
+    settings = {"critic_heads": 4, "critic_hidden": 128, "utd": 1, "critic_warmup_updates": 2000, "gamma": 0.99,
+                "n_step": 3, "exploration_std": 0.1}
+    run = {"run": "runs/a", "env": "peg_insert", "variant": "arli", "delay_steps": 8, "env_steps": 10,
+           "settings": settings, "seeds": {"split": "tune", "seed_base": 10_000, "episodes": 3}, "repeats": 2,
+           **critic.summarize(states, ["policy", "expert"]), "states": states}
+    monkeypatch.setattr(critic, "judge_runs", lambda cfg, sources: [json.loads(json.dumps(run))])
+    cfg = dict(runs=["runs/a"], episodes=3, repeats=2, name="c", report_dir=str(tmp_path))
+    assert critic.main(BenchCriticConfig(**cfg)) == 0
+    first = (tmp_path / "c.md").read_text()
+    saved = json.loads((tmp_path / "c.json").read_text())
+    # an older report's metrics (here: no interval yet) are recomputed from its states, nothing rolled out again
+    del saved["runs"][0]["overall"]["split_half"]["shortfall_ci95"]
+    (tmp_path / "c.json").write_text(json.dumps(saved))
+    monkeypatch.setattr(critic, "judge_runs", lambda cfg, sources: pytest.fail("report_only rolled out"))
+    assert critic.main(BenchCriticConfig(**cfg, report_only=True)) == 0
+    again = (tmp_path / "c.md").read_text()
+    assert again.split("Machine:")[0] == first.split("Machine:")[0] and "| 1.00 / 0.50 (2) | +0.50 [" in again
+    assert "rebuilt from the report's JSON" in again
+    rebuilt = json.loads((tmp_path / "c.json").read_text())["runs"][0]
+    assert rebuilt["overall"]["split_half"]["shortfall_ci95"] == run["overall"]["split_half"]["shortfall_ci95"]
+    with pytest.raises(ConfigError, match=r"another command \(repeats=4 \(the report's: 2\)\)"):
+        critic.main(BenchCriticConfig(**{**cfg, "repeats": 4}, report_only=True))
+    with pytest.raises(ConfigError, match="no .*nothing.json to rebuild"):
+        critic.main(BenchCriticConfig(**{**cfg, "name": "nothing"}, report_only=True))
+    with pytest.raises(ConfigError, match="name: .*the report to rebuild"):
+        BenchCriticConfig(runs=["runs/a"], report_only=True).validate()

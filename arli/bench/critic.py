@@ -25,6 +25,7 @@ only: no learner uses it (a robot cannot restore a state).
 from __future__ import annotations
 
 import copy
+import json
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -160,37 +161,55 @@ def monte_carlo(ft, snapshot, picks: dict, gamma: float, repeats: int = 1) -> di
     return rows
 
 
-def split_half(states: list[dict], tol: float = 1e-6) -> dict | None:
+def _pair_tallies(st: dict, edges: tuple, tol: float) -> np.ndarray:
+    """One state's split-half tallies per gap bin (bins, 3): pairs, labels right, critic right."""
+    a = np.array([np.mean(v["runs"][1::2]) for v in st.values()])
+    b = np.array([np.mean(v["runs"][0::2]) for v in st.values()])
+    q = np.array([v["q"] for v in st.values()])
+    tally = np.zeros((len(edges) - 1, 3))
+    for i in range(len(b)):
+        for j in range(i + 1, len(b)):
+            gap = abs(b[i] - b[j])
+            if gap <= tol:
+                continue
+            sign = np.sign(b[i] - b[j])
+            tally[int(np.searchsorted(edges, gap, side="left")) - 1] += (
+                1, 0.5 if abs(a[i] - a[j]) <= tol else float(np.sign(a[i] - a[j]) == sign),
+                float(np.sign(q[i] - q[j]) == sign))
+    return tally
+
+
+def split_half(states: list[dict], tol: float = 1e-6, resamples: int = 2000) -> dict | None:
     """How well the labels rank themselves: over pairs whose mean return over the even repeats
     (half B) differs, the share the mean over the odd repeats (half A) orders the same way (a tie
     in A counts 1/2), and the share the critic's Q orders that way; overall and per size of the
-    half-B difference (``by_gap``, edges ``GAPS``). None unless every candidate has >= 2 repeats."""
+    half-B difference (``by_gap``, edges ``GAPS``). ``shortfall``: labels - critic, what the
+    critic leaves of what its labels allow. 95% bootstrap intervals over states (pairs of one
+    state share its rollouts, so states are the independent unit). None unless every candidate
+    has >= 2 repeats."""
     if not states or any(len(v.get("runs", ())) < 2 for st in states for v in st.values()):
         return None
     edges = (tol, *GAPS, np.inf)
-    tally = np.zeros((len(edges) - 1, 3))  # per gap bin: pairs, labels right, critic right
-    for st in states:
-        a = np.array([np.mean(v["runs"][1::2]) for v in st.values()])
-        b = np.array([np.mean(v["runs"][0::2]) for v in st.values()])
-        q = np.array([v["q"] for v in st.values()])
-        for i in range(len(b)):
-            for j in range(i + 1, len(b)):
-                gap = abs(b[i] - b[j])
-                if gap <= tol:
-                    continue
-                sign = np.sign(b[i] - b[j])
-                tally[int(np.searchsorted(edges, gap, side="left")) - 1] += (
-                    1, 0.5 if abs(a[i] - a[j]) <= tol else float(np.sign(a[i] - a[j]) == sign),
-                    float(np.sign(q[i] - q[j]) == sign))
+    per_state = np.stack([_pair_tallies(st, edges, tol) for st in states])  # (S, bins, 3)
 
     def share(n, right):
         return float(right / n) if n else None
 
-    total = tally.sum(axis=0)
-    return {"pairs": int(total[0]), "labels": share(total[0], total[1]), "critic": share(total[0], total[2]),
-            "by_gap": [{"gap": [float(lo), None if np.isinf(hi) else float(hi)], "pairs": int(n),
-                        "labels": share(n, lab), "critic": share(n, cri)}
-                       for lo, hi, (n, lab, cri) in zip(edges[:-1], edges[1:], tally)]}
+    total = per_state.sum(axis=(0, 1))
+    out = {"pairs": int(total[0]), "labels": share(total[0], total[1]), "critic": share(total[0], total[2]),
+           "by_gap": [{"gap": [float(lo), None if np.isinf(hi) else float(hi)], "pairs": int(n),
+                       "labels": share(n, lab), "critic": share(n, cri)}
+                      for lo, hi, (n, lab, cri) in zip(edges[:-1], edges[1:], per_state.sum(axis=0))]}
+    if total[0]:
+        out["shortfall"] = out["labels"] - out["critic"]
+        rng = np.random.default_rng(0)
+        flat = per_state.sum(axis=1)  # (S, 3)
+        boot = flat[rng.integers(0, len(flat), (resamples, len(flat)))].sum(axis=1)  # (resamples, 3)
+        boot = boot[boot[:, 0] > 0]
+        lab, cri = boot[:, 1] / boot[:, 0], boot[:, 2] / boot[:, 0]
+        for key, x in (("labels_ci95", lab), ("critic_ci95", cri), ("shortfall_ci95", lab - cri)):
+            out[key] = [float(np.percentile(x, 2.5)), float(np.percentile(x, 97.5))]
+    return out
 
 
 def ranking(states: list[dict], tol: float = 1e-6) -> dict:
@@ -269,6 +288,18 @@ def judge_run(run_dir: str, cfg: BenchCriticConfig, bar=None) -> dict:
                                           for k, v in rows.items()}})
             if bar is not None:
                 bar.update(1)
+    return {"run": run_dir, "env": name, "delay_steps": delay, "variant": spec.variant, "env_steps": ft.env_steps,
+            "settings": {"critic_heads": lc.critic_heads, "critic_hidden": lc.critic_hidden, "utd": lc.utd,
+                         "critic_warmup_updates": lc.critic_warmup_updates, "gamma": lc.gamma, "n_step": lc.n_step,
+                         "exploration_std": lc.exploration_std, "actor_update": lc.actor_update},
+            "seeds": {"split": "tune" if cfg.seed_base is None else "given", "seed_base": seed_base,
+                      "episodes": cfg.episodes}, "repeats": cfg.repeats, **summarize(states, sources), "states": states}
+
+
+def summarize(states: list[dict], sources: list[str]) -> dict:
+    """A run's metrics from its judged states (each: source, phase, candidates name -> {mc, q,
+    runs}): ``overall``, ``by_source``, ``by_phase`` (``ranking`` each) and ``by_candidate``
+    (mean Monte-Carlo return and mean Q per candidate)."""
     cands = [s["candidates"] for s in states]
     by = {"source": {}, "phase": {}}
     for key, values in (("source", sources), ("phase", PHASES)):
@@ -278,18 +309,18 @@ def judge_run(run_dir: str, cfg: BenchCriticConfig, bar=None) -> dict:
                 by[key][v] = ranking(chosen)
     per_candidate = {k: {"mc_mean": float(np.mean([c[k]["mc"] for c in cands])),
                          "q_mean": float(np.mean([c[k]["q"] for c in cands]))} for k in cands[0]} if cands else {}
-    return {"run": run_dir, "env": name, "delay_steps": delay, "variant": spec.variant, "env_steps": ft.env_steps,
-            "settings": {"critic_heads": lc.critic_heads, "critic_hidden": lc.critic_hidden, "utd": lc.utd,
-                         "critic_warmup_updates": lc.critic_warmup_updates, "gamma": lc.gamma, "n_step": lc.n_step,
-                         "exploration_std": lc.exploration_std, "actor_update": lc.actor_update},
-            "seeds": {"split": "tune" if cfg.seed_base is None else "given", "seed_base": seed_base,
-                      "episodes": cfg.episodes}, "repeats": cfg.repeats,
-            "overall": ranking(cands), "by_source": by["source"], "by_phase": by["phase"],
-            "by_candidate": per_candidate, "states": states}
+    return {"overall": ranking(cands), "by_source": by["source"], "by_phase": by["phase"],
+            "by_candidate": per_candidate}
 
 
 def _fmt(x, spec=".2f") -> str:
     return "—" if x is None else format(x, spec)
+
+
+def _shortfall(sh: dict) -> str:
+    """What the critic leaves of what its labels allow, with its interval: ``+0.25 [+0.18, +0.31]``."""
+    ci = sh.get("shortfall_ci95")
+    return "—" if ci is None else f"{sh['shortfall']:+.2f} [{ci[0]:+.2f}, {ci[1]:+.2f}]"
 
 
 def _judge_alone(run_dir: str, cfg: BenchCriticConfig) -> dict:
@@ -318,6 +349,33 @@ def judge_runs(cfg: BenchCriticConfig, sources: int) -> list[dict]:
     return [results[run] for run in cfg.runs]
 
 
+def rebuilt(cfg: BenchCriticConfig) -> tuple[list[dict], str]:
+    """The runs of ``reports/<name>.json`` with every metric recomputed from their judged states,
+    and the machine that judged them. Refused unless the command is the one that wrote it."""
+    from arli.errors import ConfigError  # noqa: PLC0415
+
+    path = os.path.join(cfg.report_dir, f"{cfg.name}.json")
+    if not os.path.exists(path):
+        raise ConfigError(f"report_only: no {path} to rebuild; run the command without report_only=true first")
+    with open(path) as fh:
+        saved = json.load(fh)
+    runs = saved.get("runs", [])
+    stored = {"runs": [r.get("run") for r in runs], "every": saved.get("every"),
+              "perturbations": saved.get("perturbations"), "perturb_scale": saved.get("perturb_scale"),
+              "states": saved.get("states", cfg.states), "seed": saved.get("seed", cfg.seed)}  # older: not stored
+    for r in runs:
+        stored.setdefault("repeats", r.get("repeats", 1))
+        stored.setdefault("episodes", r["seeds"]["episodes"])
+        stored.setdefault("seed_base", None if r["seeds"]["split"] == "tune" else r["seeds"]["seed_base"])
+    wrong = [f"{k}={getattr(cfg, k)!r} (the report's: {v!r})" for k, v in stored.items() if getattr(cfg, k) != v]
+    if wrong:
+        raise ConfigError(f"report_only: {path} was written by another command ({'; '.join(wrong)}); give the "
+                          "command its first line shows, plus report_only=true")
+    for r in runs:
+        r.update(summarize(r["states"], list(dict.fromkeys(s["source"] for s in r["states"]))))
+    return runs, saved.get("machine", "")
+
+
 def main(cfg: BenchCriticConfig) -> int:
     import torch  # noqa: PLC0415
 
@@ -327,12 +385,14 @@ def main(cfg: BenchCriticConfig) -> int:
         raise ConfigError("runs: expected at least one `arli finetune` run directory, e.g. "
                           "'runs=[outputs/finetune_peg_insert_arli_d8_<time>]'")
     torch.set_num_threads(1)
-    sources = 2  # at most: the residual's states and the expert's
-    results = judge_runs(cfg, sources)
+    if cfg.report_only:
+        results, machine = rebuilt(cfg)
+    else:
+        results, machine = judge_runs(cfg, sources=2), machine_info()  # sources: the residual's states, the expert's
     name = cfg.name or f"critic_{results[0]['env']}"
     split = any(r["overall"].get("split_half") for r in results)
-    payload = {"runs": results, "every": cfg.every, "perturbations": cfg.perturbations,
-               "perturb_scale": cfg.perturb_scale, "machine": machine_info()}
+    payload = {"runs": results, "states": cfg.states, "every": cfg.every, "perturbations": cfg.perturbations,
+               "perturb_scale": cfg.perturb_scale, "seed": cfg.seed, "machine": machine}
     os.makedirs(cfg.report_dir, exist_ok=True)
     with figure(os.path.join(cfg.report_dir, f"{name}.png"), figsize=(5.5, 4.5)) as ax:
         for res in results:
@@ -362,10 +422,12 @@ def main(cfg: BenchCriticConfig) -> int:
           + ". Pairwise accuracy counts pairs of candidates whose returns differ (chance: 0.5)."
           + (" Split halves: over pairs whose mean return over the even repeats differs, how often the mean over "
              "the odd repeats orders them the same way (labels: what the labels themselves allow) and how often "
-             "the critic does." if split else ""), "",
+             "the critic does; labels − critic is what the critic leaves of what its labels allow, its 95% interval "
+             "a bootstrap over states." if split else ""), "",
           "| run | heads × width | UTD | warm-up | γ | n | exploration | states (ranked) | pairwise acc. [95% CI] | "
-          "Spearman | top-1 | mean Q | mean MC |" + (" split halves: labels / critic (pairs) |" if split else ""),
-          "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|" + ("---:|" if split else "")]
+          "Spearman | top-1 | mean Q | mean MC |"
+          + (" split halves: labels / critic (pairs) | labels − critic [95% CI] |" if split else ""),
+          "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|" + ("---:|---|" if split else "")]
     for r in results:
         o, s = r["overall"], r["settings"]
         ci, sh = o.get("pairwise_accuracy_ci95"), o.get("split_half")
@@ -375,8 +437,8 @@ def main(cfg: BenchCriticConfig) -> int:
                   f"{_fmt(o['pairwise_accuracy'])} " + (f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") +
                   f" | {_fmt(o['spearman'])} | {_fmt(o['top1'])} | {_fmt(o['q_mean'], '.3f')} | "
                   f"{_fmt(o['mc_mean'], '.3f')} |"
-                  + (f" {_fmt(sh['labels'])} / {_fmt(sh['critic'])} ({sh['pairs']}) |" if sh else
-                     (" — |" if split else "")))
+                  + (f" {_fmt(sh['labels'])} / {_fmt(sh['critic'])} ({sh['pairs']}) | {_shortfall(sh)} |" if sh else
+                     (" — | — |" if split else "")))
     for r in results:
         md += ["", f"## `{r['run']}`", "", "| slice | states (ranked) | pairs | pairwise acc. [95% CI] | Spearman | "
                "top-1 |", "|---|---:|---:|---|---:|---:|"]
@@ -394,6 +456,8 @@ def main(cfg: BenchCriticConfig) -> int:
                    f"{g['pairs']} | {_fmt(g['labels'])} | {_fmt(g['critic'])} |" for g in sh["by_gap"]]
         md += ["", "| candidate | mean MC return | mean Q |", "|---|---:|---:|"]
         md += [f"| {k} | {v['mc_mean']:.3f} | {v['q_mean']:.3f} |" for k, v in r["by_candidate"].items()]
-    md += ["", f"![Q vs Monte-Carlo return]({name}.png)", "", f"Machine: {machine_info()}", ""]
+    md += ["", f"![Q vs Monte-Carlo return]({name}.png)", "", f"Machine: {machine}"
+           + (" (rebuilt from the report's JSON with `report_only=true`: no rollout ran again)" if cfg.report_only
+              else ""), ""]
     return publish(cfg.report_dir, name, payload, md, slice(6, 8 + len(results)),
                    {r["run"]: r["overall"]["pairwise_accuracy"] for r in results} if cfg.json else None)
