@@ -281,3 +281,16 @@ def test_report_only_rebuilds_the_report_from_its_judged_states_and_refuses_anot
         critic.main(BenchCriticConfig(**{**cfg, "name": "nothing"}, report_only=True))
     with pytest.raises(ConfigError, match="name: .*the report to rebuild"):
         BenchCriticConfig(runs=["runs/a"], report_only=True).validate()
+
+
+def test_split_halves_say_which_comparisons_the_critic_misses():
+    from arli.bench.critic import split_half
+
+    # the critic orders the base against a perturbation rightly and the two perturbations wrongly
+    st = {"base": {"runs": [0.9, 0.9], "q": 0.9}, "perturbed_0": {"runs": [0.5, 0.5], "q": 0.2},
+          "perturbed_1": {"runs": [0.6, 0.6], "q": 0.1}, "residual": {"runs": [0.9, 0.9], "q": 0.3}}
+    st = {k: {**v, "mc": 0.0} for k, v in st.items()}
+    rows = {tuple(g["pair"]): (g["pairs"], g["labels"], g["critic"]) for g in split_half([st])["by_pair"]}
+    # base = residual in half B: no pair; the residual's Q is below the base's but above both perturbations'
+    assert rows == {("base", "perturbed"): (2, 1.0, 1.0), ("perturbed", "perturbed"): (1, 1.0, 0.0),
+                    ("perturbed", "residual"): (2, 1.0, 1.0)}

@@ -179,11 +179,32 @@ def _pair_tallies(st: dict, edges: tuple, tol: float) -> np.ndarray:
     return tally
 
 
+def _kind(name: str) -> str:
+    """A candidate's kind: ``perturbed_3`` -> ``perturbed``; the others are their own."""
+    return name.split("_")[0] if name.startswith("perturbed_") else name
+
+
+def _kind_tallies(st: dict, tol: float) -> dict[tuple[str, str], np.ndarray]:
+    """One state's split-half tallies (pairs, labels right, critic right) per pair of candidate
+    kinds, e.g. (base, perturbed): which comparisons the critic misses."""
+    names = list(st)
+    out: dict[tuple[str, str], np.ndarray] = {}
+    for i in range(len(names)):
+        for j in range(i + 1, len(names)):
+            pair = {names[i]: st[names[i]], names[j]: st[names[j]]}
+            t = _pair_tallies(pair, (tol, np.inf), tol)[0]
+            if t[0]:
+                key = tuple(sorted((_kind(names[i]), _kind(names[j]))))
+                out[key] = out.get(key, np.zeros(3)) + t
+    return out
+
+
 def split_half(states: list[dict], tol: float = 1e-6, resamples: int = 2000) -> dict | None:
     """How well the labels rank themselves: over pairs whose mean return over the even repeats
     (half B) differs, the share the mean over the odd repeats (half A) orders the same way (a tie
     in A counts 1/2), and the share the critic's Q orders that way; overall and per size of the
-    half-B difference (``by_gap``, edges ``GAPS``). ``shortfall``: labels - critic, what the
+    half-B difference (``by_gap``, edges ``GAPS``) and per pair of candidate kinds (``by_pair``:
+    the perturbations, moves beyond the run's exploration, against the rest). ``shortfall``: labels - critic, what the
     critic leaves of what its labels allow. 95% bootstrap intervals over states (pairs of one
     state share its rollouts, so states are the independent unit). None unless every candidate
     has >= 2 repeats."""
@@ -200,6 +221,12 @@ def split_half(states: list[dict], tol: float = 1e-6, resamples: int = 2000) -> 
            "by_gap": [{"gap": [float(lo), None if np.isinf(hi) else float(hi)], "pairs": int(n),
                        "labels": share(n, lab), "critic": share(n, cri)}
                       for lo, hi, (n, lab, cri) in zip(edges[:-1], edges[1:], per_state.sum(axis=0))]}
+    by_pair: dict[tuple[str, str], np.ndarray] = {}
+    for st in states:
+        for (x, y), t in _kind_tallies(st, tol).items():
+            by_pair[(x, y)] = by_pair.get((x, y), np.zeros(3)) + t
+    out["by_pair"] = [{"pair": list(k), "pairs": int(n), "labels": share(n, lab), "critic": share(n, cri)}
+                      for k, (n, lab, cri) in sorted(by_pair.items())]
     if total[0]:
         out["shortfall"] = out["labels"] - out["critic"]
         rng = np.random.default_rng(0)
@@ -454,6 +481,10 @@ def main(cfg: BenchCriticConfig) -> int:
                    "|---|---:|---:|---:|"]
             md += [f"| {g['gap'][0]:g} – {'∞' if g['gap'][1] is None else format(g['gap'][1], 'g')} | "
                    f"{g['pairs']} | {_fmt(g['labels'])} | {_fmt(g['critic'])} |" for g in sh["by_gap"]]
+        if sh and sh.get("by_pair"):
+            md += ["", "| split halves by the candidates compared | pairs | labels | critic |", "|---|---:|---:|---:|"]
+            md += [f"| {' – '.join(g['pair'])} | {g['pairs']} | {_fmt(g['labels'])} | {_fmt(g['critic'])} |"
+                   for g in sh["by_pair"]]
         md += ["", "| candidate | mean MC return | mean Q |", "|---|---:|---:|"]
         md += [f"| {k} | {v['mc_mean']:.3f} | {v['q_mean']:.3f} |" for k, v in r["by_candidate"].items()]
     md += ["", f"![Q vs Monte-Carlo return]({name}.png)", "", f"Machine: {machine}"
