@@ -239,6 +239,11 @@ def test_the_critics_shortfall_against_its_labels_carries_a_bootstrap_interval_o
     lo, hi = mixed["shortfall_ci95"]
     assert 0.1 < lo < 0.5 < hi < 0.9  # 12 states: the shortfall is known to within a state's share, not exactly
     assert split_half([state(True)] * 6 + [state(False)] * 6) == mixed  # the resampling is seeded
+    # states of one roll-in episode move together: two episodes (one all right, one all wrong) leave the
+    # critic's share anywhere from 0 to 1, where 12 independent states pin it near 1/2
+    two = split_half([state(True)] * 6 + [state(False)] * 6, episodes=[0] * 6 + [1] * 6)
+    assert two["shortfall"] == mixed["shortfall"] and two["critic_ci95"] == [0.0, 1.0]
+    assert two["shortfall_ci95"] == [0.0, 1.0]
 
 
 def test_report_only_rebuilds_the_report_from_its_judged_states_and_refuses_another_command(monkeypatch, tmp_path):
@@ -277,6 +282,14 @@ def test_report_only_rebuilds_the_report_from_its_judged_states_and_refuses_anot
     assert rebuilt["overall"]["split_half"]["shortfall_ci95"] == run["overall"]["split_half"]["shortfall_ci95"]
     with pytest.raises(ConfigError, match=r"another command \(repeats=4 \(the report's: 2\)\)"):
         critic.main(BenchCriticConfig(**{**cfg, "repeats": 4}, report_only=True))
+    # a report written before `states` and `seed` were stored: states is the most one source gave
+    older = json.loads((tmp_path / "c.json").read_text())
+    del older["states"], older["seed"]
+    (tmp_path / "c.json").write_text(json.dumps(older))
+    with pytest.raises(ConfigError, match=r"states=30 \(the report's: 1\)"):
+        critic.main(BenchCriticConfig(**cfg, report_only=True))
+    assert critic.main(BenchCriticConfig(**cfg, states=1, report_only=True)) == 0
+    assert json.loads((tmp_path / "c.json").read_text())["rebuilt_from_json"] is True
     with pytest.raises(ConfigError, match="no .*nothing.json to rebuild"):
         critic.main(BenchCriticConfig(**{**cfg, "name": "nothing"}, report_only=True))
     with pytest.raises(ConfigError, match="name: .*the report to rebuild"):
@@ -290,7 +303,13 @@ def test_split_halves_say_which_comparisons_the_critic_misses():
     st = {"base": {"runs": [0.9, 0.9], "q": 0.9}, "perturbed_0": {"runs": [0.5, 0.5], "q": 0.2},
           "perturbed_1": {"runs": [0.6, 0.6], "q": 0.1}, "residual": {"runs": [0.9, 0.9], "q": 0.3}}
     st = {k: {**v, "mc": 0.0} for k, v in st.items()}
-    rows = {tuple(g["pair"]): (g["pairs"], g["labels"], g["critic"]) for g in split_half([st])["by_pair"]}
+    out = split_half([st])
+    rows = {tuple(g["pair"]): (g["pairs"], g["labels"], g["critic"]) for g in out["by_pair"]}
     # base = residual in half B: no pair; the residual's Q is below the base's but above both perturbations'
     assert rows == {("base", "perturbed"): (2, 1.0, 1.0), ("perturbed", "perturbed"): (1, 1.0, 0.0),
                     ("perturbed", "residual"): (2, 1.0, 1.0)}
+    assert sum(g["pairs"] for g in out["by_pair"]) == out["pairs"] == 5 and out["critic"] == pytest.approx(4 / 5)
+    # a tie in half A counts 1/2 per pair kind as it does overall
+    st["perturbed_1"]["runs"] = [0.6, 0.5]
+    tie = {tuple(g["pair"]): g["labels"] for g in split_half([st])["by_pair"]}
+    assert tie[("perturbed", "perturbed")] == 0.5

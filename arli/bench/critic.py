@@ -179,6 +179,16 @@ def _pair_tallies(st: dict, edges: tuple, tol: float) -> np.ndarray:
     return tally
 
 
+def _resampled(rows: np.ndarray, episodes: list | None, resamples: int) -> np.ndarray:
+    """Bootstrap sums of per-state tallies ``rows`` (S, k): roll-in episodes (``episodes``, one
+    id per state; None: states) drawn with replacement, their states' rows summed -> (resamples, k)."""
+    ids = list(range(len(rows))) if episodes is None else list(episodes)
+    keys = list(dict.fromkeys(ids))
+    clusters = np.stack([rows[[i for i, e in enumerate(ids) if e == k]].sum(axis=0) for k in keys])
+    rng = np.random.default_rng(0)
+    return clusters[rng.integers(0, len(clusters), (resamples, len(clusters)))].sum(axis=1)
+
+
 def _kind(name: str) -> str:
     """A candidate's kind: ``perturbed_3`` -> ``perturbed``; the others are their own."""
     return name.split("_")[0] if name.startswith("perturbed_") else name
@@ -199,15 +209,18 @@ def _kind_tallies(st: dict, tol: float) -> dict[tuple[str, str], np.ndarray]:
     return out
 
 
-def split_half(states: list[dict], tol: float = 1e-6, resamples: int = 2000) -> dict | None:
+def split_half(states: list[dict], tol: float = 1e-6, resamples: int = 2000,
+               episodes: list | None = None) -> dict | None:
     """How well the labels rank themselves: over pairs whose mean return over the even repeats
     (half B) differs, the share the mean over the odd repeats (half A) orders the same way (a tie
     in A counts 1/2), and the share the critic's Q orders that way; overall and per size of the
     half-B difference (``by_gap``, edges ``GAPS``) and per pair of candidate kinds (``by_pair``:
-    the perturbations, moves beyond the run's exploration, against the rest). ``shortfall``: labels - critic, what the
-    critic leaves of what its labels allow. 95% bootstrap intervals over states (pairs of one
-    state share its rollouts, so states are the independent unit). None unless every candidate
-    has >= 2 repeats."""
+    the perturbations, moves beyond the run's exploration, against the rest). ``shortfall``:
+    labels - critic. Half A is a noisy label itself, so its share is a lower bound on what a
+    critic knowing the expected returns would reach, and the shortfall a lower bound on the
+    critic's. 95% intervals: a bootstrap over roll-in episodes (``episodes``, one id per state;
+    states of one episode share its history; None: every state its own). None unless every
+    candidate has >= 2 repeats."""
     if not states or any(len(v.get("runs", ())) < 2 for st in states for v in st.values()):
         return None
     edges = (tol, *GAPS, np.inf)
@@ -229,9 +242,7 @@ def split_half(states: list[dict], tol: float = 1e-6, resamples: int = 2000) -> 
                       for k, (n, lab, cri) in sorted(by_pair.items())]
     if total[0]:
         out["shortfall"] = out["labels"] - out["critic"]
-        rng = np.random.default_rng(0)
-        flat = per_state.sum(axis=1)  # (S, 3)
-        boot = flat[rng.integers(0, len(flat), (resamples, len(flat)))].sum(axis=1)  # (resamples, 3)
+        boot = _resampled(per_state.sum(axis=1), episodes, resamples)  # (resamples, 3)
         boot = boot[boot[:, 0] > 0]
         lab, cri = boot[:, 1] / boot[:, 0], boot[:, 2] / boot[:, 0]
         for key, x in (("labels_ci95", lab), ("critic_ci95", cri), ("shortfall_ci95", lab - cri)):
@@ -239,10 +250,11 @@ def split_half(states: list[dict], tol: float = 1e-6, resamples: int = 2000) -> 
     return out
 
 
-def ranking(states: list[dict], tol: float = 1e-6) -> dict:
+def ranking(states: list[dict], tol: float = 1e-6, episodes: list | None = None) -> dict:
     """Pairwise accuracy, Spearman, top-1 and calibration over states (each: name -> {mc, q});
-    95% bootstrap interval of the pairwise accuracy over states."""
-    correct, total, per_state, spear, top1, q_all, g_all = 0, 0, [], [], [], [], []
+    95% bootstrap interval of the pairwise accuracy over roll-in episodes (``episodes``, one id
+    per state; None: over states)."""
+    correct, total, per_state, spear, top1, q_all, g_all, tallies = 0, 0, [], [], [], [], [], []
     for st in states:
         g = np.array([v["mc"] for v in st.values()])
         q = np.array([v["q"] for v in st.values()])
@@ -255,6 +267,7 @@ def ranking(states: list[dict], tol: float = 1e-6) -> dict:
                     n += 1
                     c += int(np.sign(q[i] - q[j]) == np.sign(g[i] - g[j]))
         correct, total = correct + c, total + n
+        tallies.append((c, n))
         if n:
             per_state.append((c, n))
             rg, rq = np.argsort(np.argsort(g)), np.argsort(np.argsort(q))
@@ -265,15 +278,11 @@ def ranking(states: list[dict], tol: float = 1e-6) -> dict:
            "spearman": float(np.mean(spear)) if spear else None, "top1": float(np.mean(top1)) if top1 else None,
            "q_mean": float(np.mean(q_all)) if q_all else None, "mc_mean": float(np.mean(g_all)) if g_all else None,
            "q_mc_corr": float(np.corrcoef(q_all, g_all)[0, 1]) if len(q_all) > 2 and np.std(g_all) > 0 else None,
-           "split_half": split_half(states, tol)}
+           "split_half": split_half(states, tol, episodes=episodes)}
     if per_state:
-        rng = np.random.default_rng(0)
-        cs, ns = np.array(per_state).T
-        boots = []
-        for _ in range(2000):
-            idx = rng.integers(0, len(cs), len(cs))
-            boots.append(cs[idx].sum() / ns[idx].sum())
-        out["pairwise_accuracy_ci95"] = [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))]
+        boot = _resampled(np.array(tallies, float), episodes, 2000)
+        acc = boot[boot[:, 1] > 0, 0] / boot[boot[:, 1] > 0, 1]
+        out["pairwise_accuracy_ci95"] = [float(np.percentile(acc, 2.5)), float(np.percentile(acc, 97.5))]
     return out
 
 
@@ -323,6 +332,11 @@ def judge_run(run_dir: str, cfg: BenchCriticConfig, bar=None) -> dict:
                       "episodes": cfg.episodes}, "repeats": cfg.repeats, **summarize(states, sources), "states": states}
 
 
+def _episodes(states: list[dict]) -> list[tuple]:
+    """The roll-in episode each judged state was taken from: (source, episode seed)."""
+    return [(s["source"], s["seed"]) for s in states]
+
+
 def summarize(states: list[dict], sources: list[str]) -> dict:
     """A run's metrics from its judged states (each: source, phase, candidates name -> {mc, q,
     runs}): ``overall``, ``by_source``, ``by_phase`` (``ranking`` each) and ``by_candidate``
@@ -331,12 +345,12 @@ def summarize(states: list[dict], sources: list[str]) -> dict:
     by = {"source": {}, "phase": {}}
     for key, values in (("source", sources), ("phase", PHASES)):
         for v in values:
-            chosen = [s["candidates"] for s in states if s[key] == v]
+            chosen = [s for s in states if s[key] == v]
             if chosen:
-                by[key][v] = ranking(chosen)
+                by[key][v] = ranking([s["candidates"] for s in chosen], episodes=_episodes(chosen))
     per_candidate = {k: {"mc_mean": float(np.mean([c[k]["mc"] for c in cands])),
                          "q_mean": float(np.mean([c[k]["q"] for c in cands]))} for k in cands[0]} if cands else {}
-    return {"overall": ranking(cands), "by_source": by["source"], "by_phase": by["phase"],
+    return {"overall": ranking(cands, episodes=_episodes(states)), "by_source": by["source"], "by_phase": by["phase"],
             "by_candidate": per_candidate}
 
 
@@ -387,9 +401,14 @@ def rebuilt(cfg: BenchCriticConfig) -> tuple[list[dict], str]:
     with open(path) as fh:
         saved = json.load(fh)
     runs = saved.get("runs", [])
+    # reports written before `states` was stored: the most states one source gave (a source that
+    # ran out of roll-in steps gives fewer); `seed` (the perturbations' draws) cannot be recovered
+    # from them and is taken from the command
+    most = max((sum(s["source"] == src for s in r["states"]) for r in runs
+                for src in {s["source"] for s in r["states"]}), default=cfg.states)
     stored = {"runs": [r.get("run") for r in runs], "every": saved.get("every"),
               "perturbations": saved.get("perturbations"), "perturb_scale": saved.get("perturb_scale"),
-              "states": saved.get("states", cfg.states), "seed": saved.get("seed", cfg.seed)}  # older: not stored
+              "states": saved.get("states", most), "seed": saved.get("seed", cfg.seed)}
     for r in runs:
         stored.setdefault("repeats", r.get("repeats", 1))
         stored.setdefault("episodes", r["seeds"]["episodes"])
@@ -400,7 +419,7 @@ def rebuilt(cfg: BenchCriticConfig) -> tuple[list[dict], str]:
                           "command its first line shows, plus report_only=true")
     for r in runs:
         r.update(summarize(r["states"], list(dict.fromkeys(s["source"] for s in r["states"]))))
-    return runs, saved.get("machine", "")
+    return runs, saved.get("machine") or "not stored"
 
 
 def main(cfg: BenchCriticConfig) -> int:
@@ -419,7 +438,8 @@ def main(cfg: BenchCriticConfig) -> int:
     name = cfg.name or f"critic_{results[0]['env']}"
     split = any(r["overall"].get("split_half") for r in results)
     payload = {"runs": results, "states": cfg.states, "every": cfg.every, "perturbations": cfg.perturbations,
-               "perturb_scale": cfg.perturb_scale, "seed": cfg.seed, "machine": machine}
+               "perturb_scale": cfg.perturb_scale, "seed": cfg.seed, "machine": machine,
+               "rebuilt_from_json": cfg.report_only}
     os.makedirs(cfg.report_dir, exist_ok=True)
     with figure(os.path.join(cfg.report_dir, f"{name}.png"), figsize=(5.5, 4.5)) as ax:
         for res in results:
@@ -449,8 +469,11 @@ def main(cfg: BenchCriticConfig) -> int:
           + ". Pairwise accuracy counts pairs of candidates whose returns differ (chance: 0.5)."
           + (" Split halves: over pairs whose mean return over the even repeats differs, how often the mean over "
              "the odd repeats orders them the same way (labels: what the labels themselves allow) and how often "
-             "the critic does; labels − critic is what the critic leaves of what its labels allow, its 95% interval "
-             "a bootstrap over states." if split else ""), "",
+             "the critic does; labels − critic is the critic's shortfall (half A is a noisy label itself: both are "
+             "lower bounds on what a critic knowing the expected returns would reach and on its shortfall). 95% "
+             "intervals: "
+             "a bootstrap over roll-in episodes (states of one episode share its history)." if split else
+             " 95% intervals: a bootstrap over roll-in episodes."), "",
           "| run | heads × width | UTD | warm-up | γ | n | exploration | states (ranked) | pairwise acc. [95% CI] | "
           "Spearman | top-1 | mean Q | mean MC |"
           + (" split halves: labels / critic (pairs) | labels − critic [95% CI] |" if split else ""),
