@@ -15,7 +15,9 @@ One continuation is one draw of the base's sampling noise: on a contact-rich tas
 from it is a noisy label. ``repeats`` > 1 rolls every candidate out again under fresh draws
 (the same draws for every candidate) and takes the mean; the labels' own reliability is then
 measured by split halves (the mean of the odd repeats ranking the mean of the even ones),
-next to the critic ranking the same half: a critic cannot rank better than its labels allow.
+next to the critic ranking the same half. Half A is a noisy label too, so its share is a lower
+bound on what a critic knowing the expected returns would reach, and labels - critic a lower
+bound on the critic's shortfall.
 
 Several runs made at different learner settings (heads, width, UTD, warm-up, gamma, n)
 are judged on their own states, each with its settings. Sim state restore is a diagnostic
