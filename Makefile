@@ -30,7 +30,7 @@ smoke: setup
 		run.learner.pretrain_updates=200 output_dir=outputs/smoke
 
 test: setup
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider tests
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=15 tests
 
 test-fast: setup
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" tests

@@ -360,25 +360,30 @@ def test_a_hello_the_learner_refuses_is_reported_once_and_no_batch_is_sent(servi
         thread.join(timeout=10)
 
 
-@pytest.mark.parametrize("learner", ["current", "previous protocol"])
+@pytest.mark.parametrize("learner", ["current", "no ranges", "previous protocol"])
 def test_a_spool_that_overflowed_while_the_learner_was_away_still_delivers_what_it_kept(service, monkeypatch,
                                                                                         caplog, learner):
     """Nothing answers while 5 batches of 4 rows go into a spool of 8 rows: the 3 oldest lose
-    their rows but keep their seqs, so once the learner answers, 3 placeholders say 12 rows were
-    lost and the 2 batches kept land after them (numbered after an earlier run of the same actor
-    id), instead of a gap the learner refuses on every resend. A learner of the previous protocol
-    refuses the count (and the last-batch marker) and takes bare placeholders."""
+    their rows but keep their seqs, so once the learner answers, one placeholder for the 3 seqs
+    says 12 rows were lost and the 2 batches kept land after it (numbered after an earlier run of
+    the same actor id), instead of a gap the learner refuses on every resend. A learner that
+    refuses the range takes one placeholder per seq, each with its count; one of the previous
+    protocol refuses the count (and the last-batch marker) and takes bare placeholders."""
     from arli.runtime.link import LearnerLink  # noqa: PLC0415
     from arli.transport.codec import ProtocolError  # noqa: PLC0415
 
-    def old_decode(frame):
+    refused = {"current": set(), "no ranges": {"through"}, "previous protocol": {"last", "dropped", "through"}}[learner]
+    placeholders = []  # (seq, fields) of every placeholder the learner got, refused ones included
+
+    def learner_decode(frame):
         msg = decode(frame)
-        if {"last", "dropped"} & set(msg.fields):
+        if msg.kind == "transitions" and msg["seq"] > 0 and not len(msg["rows"]) and not msg.get("last"):
+            placeholders.append((msg["seq"], sorted(set(msg.fields) & {"dropped", "through"})))
+        if refused & set(msg.fields):
             raise ProtocolError("schema", "unknown field(s) for 'transitions'")
         return msg
 
-    if learner != "current":
-        monkeypatch.setattr(ls, "decode", old_decode)
+    monkeypatch.setattr(ls, "decode", learner_decode)
     service.applied["a"] = 2  # an earlier run of this actor id, as read from the learner's checkpoint
     link = LearnerLink("a", f"tcp://127.0.0.1:{service.addresses[0]}", f"tcp://127.0.0.1:{service.addresses[1]}",
                        batch_rows=4, flush_s=10.0, spool_max_rows=8, ack_timeout_s=0.3).start()
@@ -404,14 +409,22 @@ def test_a_spool_that_overflowed_while_the_learner_was_away_still_delivers_what_
             assert link.finish(timeout_s=5), "the batches kept were applied"
         assert service.env_steps == 8 and service.episodes == []
         assert sorted(service.trainer.online.rows[:8, 0]) == [3.0] * 4 + [4.0] * 4  # the newest two
+        ranged = (3, ["dropped", "through"])
         if learner == "current":
+            assert placeholders == [ranged]  # one round trip for the three seqs
             assert service.applied["a"] == 2 + 3 + 2 + 1  # earlier run, placeholders, batches kept, marker
-            assert caplog.text.count("lost rows to its spool's overflow (4 so far, up to batch 3)") == 1  # one line
+            assert caplog.text.count("lost rows to its spool's overflow (12 so far, up to batch 5)") == 1
             assert service.lost_rows == {"a": 12}
             service.save()
             service.lost_rows = {}
             assert service.load() and service.lost_rows == {"a": 12}  # the count survives a restart
+        elif learner == "no ranges":
+            assert placeholders == [ranged, (3, ["dropped"]), (4, ["dropped"]), (5, ["dropped"])]
+            assert service.applied["a"] == 2 + 3 + 2 + 1 and service.lost_rows == {"a": 12}
+            assert caplog.text.count("lost rows to its spool's overflow (4 so far, up to batch 3)") == 1  # one line
+            assert caplog.text.count("does not take a range of seqs") == 1
         else:
+            assert placeholders == [ranged, (3, ["dropped"]), (3, []), (4, []), (5, [])]
             assert service.applied["a"] == 2 + 3 + 2 and service.lost_rows == {}
             assert caplog.text.count("does not take the dropped-rows count") == 1
     finally:
@@ -427,3 +440,21 @@ def test_a_dropped_count_that_is_negative_or_rides_on_rows_is_refused_and_change
     reply = decode(service.handle([frame]))
     assert reply.kind == "error" and reply["code"] == "schema" and "'dropped'" in reply["message"]
     assert service.applied == {} and service.lost_rows == {} and service.env_steps == 0
+
+
+
+@pytest.mark.parametrize("fields", [{"through": 5}, {"dropped": 4, "through": 1}, {"dropped": 4, "through": 2}])
+def test_a_range_without_a_count_or_that_ends_before_it_starts_is_refused_and_changes_nothing(service, fields):
+    frame = encode("transitions", actor_id="a", seq=2, rows=np.zeros((0, WIDTH), np.float32), **fields)
+    service.applied["a"] = 1
+    reply = decode(service.handle([frame]))
+    assert reply.kind == "error" and reply["code"] == "schema" and "'through'" in reply["message"]
+    assert service.applied == {"a": 1} and service.lost_rows == {} and service.env_steps == 0
+
+
+def test_a_ranged_placeholder_applies_its_seqs_at_once_and_a_resend_is_a_duplicate(service):
+    frame = encode("transitions", actor_id="a", seq=1, rows=np.zeros((0, WIDTH), np.float32), dropped=30, through=10)
+    for _ in range(2):
+        reply = decode(service.handle([frame]))
+        assert reply.kind == "ack" and reply["applied_seq"] == 10
+    assert service.lost_rows == {"a": 30} and service.duplicates == 1

@@ -2,7 +2,9 @@
 
 * Transitions arrive on a ROUTER socket as numbered batches per actor id; a batch is
   applied only if it is the next one for its actor (duplicates are acknowledged and
-  ignored, gaps refused), so replay receives every transition exactly once.
+  ignored, gaps refused), so replay receives every transition exactly once. Batches an
+  actor's spool dropped arrive as one placeholder of no rows for the whole run of their seqs
+  (``through``), with the count of rows lost (``dropped``).
 * The acknowledgement carries ``applied_seq`` and ``durable_seq`` (applied and written to
   a checkpoint); actors keep batches until they are durable.
 * Rows go to the same ``Trainer`` as in process (``arli.rl.trainer``): it routes them to
@@ -39,7 +41,7 @@ log = logging.getLogger("arli.learner")
 TAIL_QUIET_S = 3.0
 TAIL_MAX_S = 30.0  # after the target: the longest the learner waits for its actors to hear it
 PUB_LINGER_MS = 1000
-LOST_LOG_EVERY_S = 10.0  # an actor back from a long outage sends thousands of placeholders
+LOST_LOG_EVERY_S = 10.0  # an actor of the previous protocol back from a long outage sends thousands of placeholders
 ROUTER_LINGER_MS = 500  # the acks of an actor's last batches, answered just before the close
 
 
@@ -125,12 +127,16 @@ class LearnerService:
             if msg.get("dropped", 0) < 0 or (msg.get("dropped", 0) and len(msg["rows"])):
                 raise ProtocolError("schema", f"field 'dropped' of batch {seq} must be a count >= 0 on a batch of no "
                                     f"rows, got {msg['dropped']} with {len(msg['rows'])} rows")
+            through = msg.get("through", seq)
+            if "through" in msg.fields and (through <= seq or "dropped" not in msg.fields):
+                raise ProtocolError("schema", f"field 'through' of batch {seq} must be a later seq on a placeholder "
+                                    f"(a batch with 'dropped'), got {through}")
             if identity:
                 self.identities[actor] = identity
             applied = self.applied.get(actor, 0)
             if seq == applied + 1:
                 self._apply(msg)
-                self.applied[actor] = seq
+                self.applied[actor] = through
             elif 0 < seq <= applied:  # seq 0 is a link's hello, asking for applied_seq
                 self.duplicates += 1
             if seq <= self.applied.get(actor, 0) and msg.get("last", False):
@@ -166,7 +172,8 @@ class LearnerService:
             if now - self._lost_logged.get(actor, -LOST_LOG_EVERY_S) >= LOST_LOG_EVERY_S:  # one line per burst
                 self._lost_logged[actor] = now
                 log.warning("actor %s lost rows to its spool's overflow (%d so far, up to batch %d): the learner was "
-                            "away longer than the actor's spool holds", actor, self.lost_rows[actor], msg["seq"])
+                            "away longer than the actor's spool holds", actor, self.lost_rows[actor],
+                            msg.get("through", msg["seq"]))
         for ep in msg.get("episodes", []):
             self.episodes.append({**ep, "actor_id": msg["actor_id"], "env_steps": self.env_steps})
 

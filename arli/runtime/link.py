@@ -9,13 +9,16 @@ lands exactly once (the learner ignores seqs it has applied and refuses gaps). A
 sends a hello (seq 0, no rows) and numbers its batches after the learner's ``applied_seq`` for
 its actor id, so an actor restarted under its id is not taken for a duplicate. When the
 spool overflows (the learner away for hours) its oldest batches lose their rows but keep
-their seqs: each is sent as a placeholder of no rows that says how many were lost, so the
-learner counts the loss and the seqs after it still land. Weights come over PUB/SUB with
-conflation: only the newest version is ever kept.
+their seqs: the whole run of them is sent as one placeholder of no rows (seqs ``seq`` to
+``through``) that says how many rows were lost, so the learner counts the loss and the seqs
+after it still land, one round trip for any length of outage (a learner that refuses the
+range gets one placeholder per seq; one that refuses the count, bare placeholders). Weights
+come over PUB/SUB with conflation: only the newest version is ever kept.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -29,6 +32,8 @@ from arli.transport.codec import ProtocolError, decode, encode
 from arli.transport.zmq_io import CurveConfig, connect_socket
 
 log = logging.getLogger("arli.link")
+
+HOLES_RANGED, HOLES_SINGLE, HOLES_PLAIN = 0, 1, 2
 
 
 class LearnerLink:
@@ -52,7 +57,9 @@ class LearnerLink:
         # the seqs of the batches dropped, with their row counts: consecutive, and all older than
         # the spool's (a few bytes each where a batch of 64 rows is ~10 KB)
         self.holes: deque[tuple[int, int]] = deque()
-        self._holes_plain = False  # a learner of the previous protocol refuses ``dropped``: send bare placeholders
+        # how holes are sent: one ranged placeholder with the count; one per seq with its count (a learner
+        # refused ``through``); one per seq, bare (a learner of the previous protocol refused ``dropped``)
+        self._hole_mode = HOLES_RANGED
         self.sent_rows = 0
         self._weights: tuple[int, dict, dict] | None = None
         self.weights_version = 0
@@ -216,11 +223,13 @@ class LearnerLink:
                             self.spool = deque(b for b in self.spool if b[0] != waiting[0])
                         log.info("the learner does not take the last-batch marker (%s): an older learner", msg["message"])
                         waiting = None
-                    elif (msg.kind == "error" and waiting is not None and not self._holes_plain
+                    elif (msg.kind == "error" and waiting is not None and self._hole_mode != HOLES_PLAIN
                           and self._is_hole(waiting[0])):
-                        self._holes_plain = True  # it applies a batch of no rows: the loss is only logged here
-                        log.warning("the learner does not take the dropped-rows count (%s): an older learner; "
-                                    "placeholders go without it", msg["message"])
+                        self._hole_mode += 1  # a batch of no rows it applies: at worst the loss is only logged here
+                        log.warning("the learner does not take %s (%s): an older learner; placeholders go %s",
+                                    *(("a range of seqs", msg["message"], "one per seq")
+                                      if self._hole_mode == HOLES_SINGLE else
+                                      ("the dropped-rows count", msg["message"], "without it")))
                         waiting = None
                     elif msg.kind == "error" and waiting is not None and waiting[0] != refused:
                         refused = waiting[0]  # resent after ack_timeout_s: said once per batch
@@ -243,12 +252,14 @@ class LearnerLink:
         with self._lock:
             if self.holes and self.send_from <= self.holes[-1][0]:
                 i = max(0, self.send_from - self.holes[0][0])  # holes are consecutive seqs
-                if i >= len(self.holes) or self.holes[i][0] != max(self.send_from, self.holes[0][0]):
-                    i = next(k for k, (seq, _) in enumerate(self.holes) if seq >= self.send_from)
                 seq, lost = self.holes[i]
-                count = {} if self._holes_plain else {"dropped": lost}
+                last = self.holes[-1][0]
+                if self._hole_mode == HOLES_RANGED and last > seq:
+                    fields = {"dropped": sum(n for _, n in itertools.islice(self.holes, i, None)), "through": last}
+                else:
+                    fields = {} if self._hole_mode == HOLES_PLAIN else {"dropped": lost}
                 return seq, encode("transitions", actor_id=self.actor_id, seq=seq,
-                                   rows=np.zeros((0, 1), np.float32), **count)
+                                   rows=np.zeros((0, 1), np.float32), **fields)
             return next(((s, f) for s, f, _ in self.spool if s >= self.send_from), None)
 
     def _number_from(self, base: int) -> None:

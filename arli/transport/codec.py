@@ -212,7 +212,9 @@ SCHEMAS: dict[str, dict[str, Field]] = {
                     "episodes": Field("list", required=False),
                     "last": Field("bool", required=False),  # the actor's last batch: it has stopped
                     # a batch its spool dropped (the learner was away too long): no rows, this many lost
-                    "dropped": Field("int", required=False)},
+                    "dropped": Field("int", required=False),
+                    # with ``dropped``: the placeholder stands for every seq from ``seq`` to ``through``
+                    "through": Field("int", required=False)},
     "ack": {"actor_id": Field("str"), "applied_seq": Field("int"), "durable_seq": Field("int"),
             "learner_done": Field("bool", required=False)},  # the learner reached its env-step target
     "weights": {"version": Field("int"), "arrays": Field("dict"), "meta": Field("dict", required=False)},
