@@ -379,8 +379,9 @@ def test_a_spool_that_overflowed_while_the_learner_was_away_still_delivers_what_
         msg = decode(frame)
         if msg.kind == "transitions" and msg["seq"] > 0 and not len(msg["rows"]) and not msg.get("last"):
             placeholders.append((msg["seq"], sorted(set(msg.fields) & {"dropped", "through"})))
-        if refused & set(msg.fields):
-            raise ProtocolError("schema", "unknown field(s) for 'transitions'")
+        if refused & set(msg.fields):  # worded as the codec words it
+            raise ProtocolError("schema", f"transitions: unknown field(s) {sorted(refused & set(msg.fields))}; "
+                                          f"allowed: ['actor_id', 'dropped', 'episodes', 'last', 'rows', 'seq']")
         return msg
 
     monkeypatch.setattr(ls, "decode", learner_decode)
@@ -424,7 +425,7 @@ def test_a_spool_that_overflowed_while_the_learner_was_away_still_delivers_what_
             assert caplog.text.count("lost rows to its spool's overflow (4 so far, up to batch 3)") == 1  # one line
             assert caplog.text.count("does not take a range of seqs") == 1
         else:
-            assert placeholders == [ranged, (3, ["dropped"]), (3, []), (4, []), (5, [])]
+            assert placeholders == [ranged, (3, []), (4, []), (5, [])]  # straight to bare: it named 'dropped'
             assert service.applied["a"] == 2 + 3 + 2 and service.lost_rows == {}
             assert caplog.text.count("does not take the dropped-rows count") == 1
     finally:
@@ -442,7 +443,6 @@ def test_a_dropped_count_that_is_negative_or_rides_on_rows_is_refused_and_change
     assert service.applied == {} and service.lost_rows == {} and service.env_steps == 0
 
 
-
 @pytest.mark.parametrize("fields", [{"through": 5}, {"dropped": 4, "through": 1}, {"dropped": 4, "through": 2}])
 def test_a_range_without_a_count_or_that_ends_before_it_starts_is_refused_and_changes_nothing(service, fields):
     frame = encode("transitions", actor_id="a", seq=2, rows=np.zeros((0, WIDTH), np.float32), **fields)
@@ -458,3 +458,46 @@ def test_a_ranged_placeholder_applies_its_seqs_at_once_and_a_resend_is_a_duplica
         reply = decode(service.handle([frame]))
         assert reply.kind == "ack" and reply["applied_seq"] == 10
     assert service.lost_rows == {"a": 30} and service.duplicates == 1
+
+
+def _link_with_holes(holes: list[tuple[int, int]], send_from: int):
+    from collections import deque  # noqa: PLC0415
+
+    from arli.runtime.link import LearnerLink  # noqa: PLC0415
+    link = LearnerLink("a", "tcp://127.0.0.1:1", "tcp://127.0.0.1:2")  # never started: no sockets
+    link.holes, link.send_from = deque(holes), send_from
+    return link
+
+
+def test_a_range_starts_where_the_learner_stopped_and_counts_only_the_rows_after_it():
+    link = _link_with_holes([(3, 4), (4, 5), (5, 6)], send_from=4)  # seq 3 applied before a restart
+    seq, frame = link._next_to_send()
+    msg = decode(frame)
+    assert (seq, msg["seq"], msg["through"], msg["dropped"]) == (4, 4, 5, 11)
+    link.send_from = 5  # the last hole alone: no range
+    msg = decode(link._next_to_send()[1])
+    assert (msg["seq"], msg["dropped"], "through" in msg.fields) == (5, 6, False)
+
+
+def test_holes_that_are_not_consecutive_go_one_per_seq():
+    link = _link_with_holes([(3, 4), (5, 6)], send_from=4)
+    msg = decode(link._next_to_send()[1])
+    assert (msg["seq"], msg["dropped"], "through" in msg.fields) == (5, 6, False)
+
+
+def test_a_late_copy_of_a_refusal_does_not_step_the_placeholders_down_twice(caplog):
+    """Resends queue several copies of a ranged placeholder at an older learner that is slow to
+    answer: every copy is refused for ``through``, and each refusal may land on a later send."""
+    from arli.runtime.link import HOLES_PLAIN, HOLES_RANGED, HOLES_SINGLE  # noqa: PLC0415
+    link = _link_with_holes([(3, 4), (4, 5)], send_from=3)
+    refusal = "transitions: unknown field(s) ['through']; allowed: ['actor_id', 'dropped', 'rows', 'seq']"
+    assert link._hole_mode == HOLES_RANGED
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            assert link._on_hole_refused("schema", refusal)
+    assert link._hole_mode == HOLES_SINGLE and caplog.text.count("does not take a range of seqs") == 1
+    assert not link._on_hole_refused("schema", "transitions: field 'rows' must have 2 dims")  # not about holes
+    assert not link._on_hole_refused("other", refusal.replace("through", "x"))
+    assert link._hole_mode == HOLES_SINGLE
+    assert link._on_hole_refused("schema", "transitions: unknown field(s) ['dropped']; allowed: ['seq']")
+    assert link._hole_mode == HOLES_PLAIN

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -34,6 +35,7 @@ from arli.transport.zmq_io import CurveConfig, connect_socket
 log = logging.getLogger("arli.link")
 
 HOLES_RANGED, HOLES_SINGLE, HOLES_PLAIN = 0, 1, 2
+_UNKNOWN_FIELDS = re.compile(r"unknown field\(s\) \[([^\]]*)\]")  # the codec's refusal (not its ``allowed`` list)
 
 
 class LearnerLink:
@@ -223,13 +225,8 @@ class LearnerLink:
                             self.spool = deque(b for b in self.spool if b[0] != waiting[0])
                         log.info("the learner does not take the last-batch marker (%s): an older learner", msg["message"])
                         waiting = None
-                    elif (msg.kind == "error" and waiting is not None and self._hole_mode != HOLES_PLAIN
-                          and self._is_hole(waiting[0])):
-                        self._hole_mode += 1  # a batch of no rows it applies: at worst the loss is only logged here
-                        log.warning("the learner does not take %s (%s): an older learner; placeholders go %s",
-                                    *(("a range of seqs", msg["message"], "one per seq")
-                                      if self._hole_mode == HOLES_SINGLE else
-                                      ("the dropped-rows count", msg["message"], "without it")))
+                    elif (msg.kind == "error" and waiting is not None and self._is_hole(waiting[0])
+                          and self._on_hole_refused(msg["code"], msg["message"])):
                         waiting = None
                     elif msg.kind == "error" and waiting is not None and waiting[0] != refused:
                         refused = waiting[0]  # resent after ack_timeout_s: said once per batch
@@ -243,6 +240,23 @@ class LearnerLink:
             dealer.close(linger=0)
             sub.close(linger=0)
 
+    def _on_hole_refused(self, code: str, message: str) -> bool:
+        """A learner refused a placeholder: if for a field it does not know (an older learner), send
+        the next ones without it and say so once. An error does not say which send it answers, so a
+        late copy of an earlier refusal can arrive after the fallback: the mode only ever moves to
+        what the named fields ask for, never a step per error. False: not a placeholder field."""
+        named = _UNKNOWN_FIELDS.search(message) if code == "schema" else None
+        unknown = named.group(1) if named else ""
+        mode = HOLES_PLAIN if "'dropped'" in unknown else HOLES_SINGLE if "'through'" in unknown else None
+        if mode is None:
+            return False
+        if mode > self._hole_mode:
+            self._hole_mode = mode  # batches of no rows it applies: at worst the loss is only logged here
+            log.warning("the learner does not take %s (%s): an older learner; placeholders go %s",
+                        *(("a range of seqs", message, "one per seq") if mode == HOLES_SINGLE else
+                          ("the dropped-rows count", message, "one per seq, without it")))
+        return True
+
     def _is_hole(self, seq: int) -> bool:
         with self._lock:
             return bool(self.holes) and self.holes[0][0] <= seq <= self.holes[-1][0]
@@ -251,10 +265,12 @@ class LearnerLink:
         """The first batch from ``send_from`` on: a dropped batch's placeholder, or a spooled frame."""
         with self._lock:
             if self.holes and self.send_from <= self.holes[-1][0]:
-                i = max(0, self.send_from - self.holes[0][0])  # holes are consecutive seqs
+                first, last = self.holes[0][0], self.holes[-1][0]
+                consecutive = last - first == len(self.holes) - 1  # as spooled batches drop, oldest first
+                i = (max(0, self.send_from - first) if consecutive else
+                     next(k for k, (s, _) in enumerate(self.holes) if s >= self.send_from))
                 seq, lost = self.holes[i]
-                last = self.holes[-1][0]
-                if self._hole_mode == HOLES_RANGED and last > seq:
+                if self._hole_mode == HOLES_RANGED and consecutive and last > seq:
                     fields = {"dropped": sum(n for _, n in itertools.islice(self.holes, i, None)), "through": last}
                 else:
                     fields = {} if self._hole_mode == HOLES_PLAIN else {"dropped": lost}
