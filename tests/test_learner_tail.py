@@ -443,9 +443,11 @@ def test_a_dropped_count_that_is_negative_or_rides_on_rows_is_refused_and_change
     assert service.applied == {} and service.lost_rows == {} and service.env_steps == 0
 
 
-@pytest.mark.parametrize("fields", [{"through": 5}, {"dropped": 4, "through": 1}, {"dropped": 4, "through": 2}])
-def test_a_range_without_a_count_or_that_ends_before_it_starts_is_refused_and_changes_nothing(service, fields):
-    frame = encode("transitions", actor_id="a", seq=2, rows=np.zeros((0, WIDTH), np.float32), **fields)
+@pytest.mark.parametrize("fields,rows", [({"through": 5}, 0), ({"dropped": 4, "through": 1}, 0),
+                                         ({"dropped": 4, "through": 2}, 0), ({"dropped": 0, "through": 5}, 3)])
+def test_a_range_without_a_count_or_that_ends_before_it_starts_is_refused_and_changes_nothing(service, fields, rows):
+    """A range rides only on a placeholder: one on a batch of rows would skip seqs past rows it applied."""
+    frame = encode("transitions", actor_id="a", seq=2, rows=np.zeros((rows, WIDTH), np.float32), **fields)
     service.applied["a"] = 1
     reply = decode(service.handle([frame]))
     assert reply.kind == "error" and reply["code"] == "schema" and "'through'" in reply["message"]

@@ -128,9 +128,9 @@ class LearnerService:
                 raise ProtocolError("schema", f"field 'dropped' of batch {seq} must be a count >= 0 on a batch of no "
                                     f"rows, got {msg['dropped']} with {len(msg['rows'])} rows")
             through = msg.get("through", seq)
-            if "through" in msg.fields and (through <= seq or "dropped" not in msg.fields):
+            if "through" in msg.fields and (through <= seq or "dropped" not in msg.fields or len(msg["rows"])):
                 raise ProtocolError("schema", f"field 'through' of batch {seq} must be a later seq on a placeholder "
-                                    f"(a batch with 'dropped'), got {through}")
+                                    f"(a batch of no rows with 'dropped'), got {through} with {len(msg['rows'])} rows")
             if identity:
                 self.identities[actor] = identity
             applied = self.applied.get(actor, 0)

@@ -225,9 +225,12 @@ class LearnerLink:
                             self.spool = deque(b for b in self.spool if b[0] != waiting[0])
                         log.info("the learner does not take the last-batch marker (%s): an older learner", msg["message"])
                         waiting = None
-                    elif (msg.kind == "error" and waiting is not None and self._is_hole(waiting[0])
+                    elif (msg.kind == "error" and waiting is not None
                           and self._on_hole_refused(msg["code"], msg["message"])):
-                        waiting = None
+                        if self._is_hole(waiting[0]):
+                            waiting = None  # resent at once in the mode the refusal asked for
+                        # else a late copy about an earlier placeholder (a batch of rows never carries
+                        # those fields): the batch in flight waits on its own ack
                     elif msg.kind == "error" and waiting is not None and waiting[0] != refused:
                         refused = waiting[0]  # resent after ack_timeout_s: said once per batch
                         log.error("the learner refused batch %d (%s: %s); it is resent until a learner takes it: run "
