@@ -59,6 +59,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                       "what the residual's state and bound allow: the projected expert, per delay and bound"),
     "bench runs": ("bench_runs", "arli.bench.runs:main",
                    "finetune runs on several training seeds pooled on their test episodes, with intervals"),
+    "bench diagnostics": ("bench_diagnostics", "arli.bench.diagnostics:main",
+                          "finished runs' learner statistics (e.g. AWR weight ESS) and speed, per run and group"),
     "bench tune": ("bench_tune", "arli.bench.tune:main",
                    "choose a setting: finetune runs vs the first (reference) on their tune episodes, by code"),
     "bench sim": ("bench_sim", "arli.bench.sim:main",

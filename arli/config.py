@@ -553,6 +553,31 @@ class BenchRunsConfig:
 
 
 @dataclass
+class BenchDiagnosticsConfig:
+    """``arli bench diagnostics``: finished finetune runs' learner statistics and speed, grouped."""
+
+    runs: list[str] = field(default_factory=list)  # run directories, or glob patterns ('reports/**/summary.json')
+    # learner statistics from each summary's learner_diagnostics, the first one plotted
+    keys: list[str] = field(default_factory=lambda: ["awr_weight_ess", "advantage_snr", "critic_loss"])
+    # what makes runs one group: any of env, variant, learner (default, a named control, or the
+    # learner settings that differ from today's default),
+    # delay_steps, budget (run.env_steps), base (base_digest)
+    group_by: list[str] = field(default_factory=lambda: ["variant", "learner", "budget"])
+    name: str = "diagnostics"  # the report: reports/<name>.{json,md,png}
+    report_dir: str = "reports"
+
+    GROUP_FIELDS = ("env", "variant", "learner", "delay_steps", "budget", "base")
+
+    def validate(self) -> None:
+        require(all(isinstance(r, str) and r for r in self.runs), "runs",
+                "a list of run directories or glob patterns", self.runs)
+        require(bool(self.keys) and all(isinstance(k, str) and k for k in self.keys), "keys",
+                "a non-empty list of learner_diagnostics names (e.g. awr_weight_ess)", self.keys)
+        require(all(g in self.GROUP_FIELDS for g in self.group_by), "group_by",
+                f"a list drawn from {list(self.GROUP_FIELDS)}", self.group_by)
+
+
+@dataclass
 class BenchTuneConfig:
     """``arli bench tune``: finetune runs of different settings on their shared tune episodes;
     the setting is chosen by code (paired gain over the reference resolved above 0)."""
@@ -796,7 +821,7 @@ SCHEMAS: dict[str, type] = {
     "serve": ServeConfig, "actor": ActorConfig, "launch": LaunchConfig, "keys": KeysConfig,
     "bench_base": BenchBaseConfig, "bench_latency_sweep": LatencySweepConfig,
     "bench_anchor_start": BenchAnchorStartConfig, "bench_ceiling": BenchCeilingConfig,
-    "bench_runs": BenchRunsConfig, "bench_tune": BenchTuneConfig, "bench_learner": BenchLearnerConfig,
+    "bench_runs": BenchRunsConfig, "bench_diagnostics": BenchDiagnosticsConfig, "bench_tune": BenchTuneConfig, "bench_learner": BenchLearnerConfig,
     "bench_serve": BenchServeConfig,
     "bench_critic": BenchCriticConfig,
     "bench_sim": BenchSimConfig, "bench_record": BenchRecordConfig, "bench_transport": BenchTransportConfig, "bench_runtime": BenchRuntimeConfig,
