@@ -552,6 +552,10 @@ class BenchRunsConfig:
                 "a list of run directories (one per run, same training seeds)", self.reference)
 
 
+# what can make finished runs one group in ``arli bench diagnostics``
+DIAGNOSTICS_GROUP_FIELDS = ("env", "variant", "learner", "delay_steps", "budget", "base")
+
+
 @dataclass
 class BenchDiagnosticsConfig:
     """``arli bench diagnostics``: finished finetune runs' learner statistics and speed, grouped."""
@@ -559,22 +563,21 @@ class BenchDiagnosticsConfig:
     runs: list[str] = field(default_factory=list)  # run directories, or glob patterns ('reports/**/summary.json')
     # learner statistics from each summary's learner_diagnostics, the first one plotted
     keys: list[str] = field(default_factory=lambda: ["awr_weight_ess", "advantage_snr", "critic_loss"])
-    # what makes runs one group: any of env, variant, learner (default, a named control, or the
-    # learner settings that differ from today's default),
-    # delay_steps, budget (run.env_steps), base (base_digest)
+    # fields of DIAGNOSTICS_GROUP_FIELDS; learner is `default`, a named control, or the learner
+    # settings that differ from today's default; budget is run.env_steps; base the base_digest
     group_by: list[str] = field(default_factory=lambda: ["variant", "learner", "budget"])
     name: str = "diagnostics"  # the report: reports/<name>.{json,md,png}
     report_dir: str = "reports"
-
-    GROUP_FIELDS = ("env", "variant", "learner", "delay_steps", "budget", "base")
 
     def validate(self) -> None:
         require(all(isinstance(r, str) and r for r in self.runs), "runs",
                 "a list of run directories or glob patterns", self.runs)
         require(bool(self.keys) and all(isinstance(k, str) and k for k in self.keys), "keys",
                 "a non-empty list of learner_diagnostics names (e.g. awr_weight_ess)", self.keys)
-        require(all(g in self.GROUP_FIELDS for g in self.group_by), "group_by",
-                f"a list drawn from {list(self.GROUP_FIELDS)}", self.group_by)
+        require(all(g in DIAGNOSTICS_GROUP_FIELDS for g in self.group_by), "group_by",
+                f"a list drawn from {list(DIAGNOSTICS_GROUP_FIELDS)}", self.group_by)
+        require(bool(self.name) and not set(self.name) & set("/\\"), "name",
+                "a file name without directories (the report is <report_dir>/<name>.*)", self.name)
 
 
 @dataclass
