@@ -36,7 +36,7 @@ def test_runs_are_grouped_by_their_learner_and_each_key_spread_over_the_group(tm
     counts as not recorded, not as a value."""
     _run(tmp_path / "runs" / "a", 10, ess=0.4)
     _run(tmp_path / "runs" / "b", 11, ess=0.8)
-    _run(tmp_path / "runs" / "c", 12, ess=0.9)
+    _run(tmp_path / "runs" / "c", 12, ess=0.9, times={"physics": 10.0, "learner_updates": 80.0, "evaluation": 10.0})
     _run(tmp_path / "runs" / "u", 10, learner={"awr_weights": "uniform"})
     _run(tmp_path / "runs" / "x", 10, ess=0.6, learner={"exploration_std": 0.3})
     _run(tmp_path / "runs" / "short", 10, ess=0.7, budget=50000)
@@ -53,6 +53,7 @@ def test_runs_are_grouped_by_their_learner_and_each_key_spread_over_the_group(tm
     assert ess["max"] == pytest.approx(0.9) and ess["p25"] == pytest.approx(0.6)
     assert groups[("uniform_control", 200000)]["diagnostics"]["awr_weight_ess"] == {"n": 0}
     assert groups[("default", 200000)]["wall_s"]["median"] == pytest.approx(100.0)
+    assert groups[("default", 200000)]["time_share"]["learner_updates"]["median"] == pytest.approx(0.6)
     row = next(r for r in report["runs"] if r["run"].endswith("/a"))
     assert row["seed"] == 10 and row["budget"] == 200000
     assert row["time_share"] == pytest.approx({"physics": 0.3, "learner_updates": 0.6, "evaluation": 0.1})

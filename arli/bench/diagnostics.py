@@ -134,7 +134,9 @@ def groups(rows: list[dict], group_by: list[str], keys: list[str]) -> list[dict]
         out.append({"id": f"G{i}", "group": dict(zip(group_by, values)), "runs": [r["run"] for r in members],
                     "diagnostics": {k: spread([r["diagnostics"][k] for r in members
                                                if r["diagnostics"][k] is not None]) for k in keys},
-                    **{k: spread([float(r[k]) for r in members if r[k] is not None]) for k in SPEED_KEYS}})
+                    **{k: spread([float(r[k]) for r in members if r[k] is not None]) for k in SPEED_KEYS},
+                    "time_share": {p: spread([r["time_share"][p] for r in members if p in r["time_share"]])
+                                   for p in sorted({p for r in members for p in r["time_share"]})}})
     return out
 
 
@@ -168,14 +170,17 @@ def markdown(cfg: BenchDiagnosticsConfig, rows: list[dict], grouped: list[dict])
             md.append(f"| {g['id']} | {group_label(g['group'])} | {len(g['runs'])} | {s['n']} | "
                       + " | ".join(_num(s.get(q), ".3g") for q, _ in QUANTILES) + " |")
         md.append("")
-    md += ["## Speed per group (median over the group's runs that recorded it)", "",
-           "| | group | runs | env steps/s | updates/s | wall (min) |", "|---|---|---:|---:|---:|---:|"]
+    parts = sorted({p for r in rows for p in r["time_share"]})
+    md += ["## Speed per group (median over the group's runs that recorded it; time columns: shares of "
+           "training time, %)", "", "| | group | runs | env steps/s | updates/s | wall (min) | "
+           + " | ".join(parts) + " |", "|---|---|---:|---:|---:|---:|" + "---:|" * len(parts)]
     for g in grouped:
         wall = None if g["wall_s"]["n"] == 0 else g["wall_s"]["median"] / 60
+        shares = [None if p not in g["time_share"] else 100 * g["time_share"][p]["median"] for p in parts]
         md.append(f"| {g['id']} | {group_label(g['group'])} | {len(g['runs'])} | "
                   f"{_num(g['env_steps_per_s'].get('median'), '.1f')} | "
-                  f"{_num(g['updates_per_s'].get('median'), '.1f')} | {_num(wall, '.1f')} |")
-    parts = sorted({p for r in rows for p in r["time_share"]})
+                  f"{_num(g['updates_per_s'].get('median'), '.1f')} | {_num(wall, '.1f')} | "
+                  + " | ".join(_num(x, ".0f") for x in shares) + " |")
     md += ["", "## Runs", "", "Time columns: shares of the run's training time (`train_time_s`), in %.", "",
            "| run | task | variant | learner | d | seed | budget | base | "
            + " | ".join(f"`{k}`" for k in cfg.keys) + " | final (test) | env steps/s | updates/s | wall (min) | "
