@@ -22,7 +22,8 @@ def _run(path, seed, ess=None, learner=None, budget=200000, variant="arli", wall
         "env": "peg_insert", "variant": variant, "regime": "rl", "delay_steps": 8, "base_digest": "abc",
         "env_steps": budget + 7, "finetuned_success": 0.9, "learner_diagnostics": diagnostics,
         "env_steps_per_s": budget / wall, "updates_per_s": budget / wall, "wall_s": wall, "torch_threads": 1,
-        "train_time_s": times or {"physics": 30.0, "learner_updates": 60.0, "evaluation": 10.0}}))
+        "train_time_s": times or {"physics": 30.0, "learner_updates": 60.0, "evaluation": 10.0},
+        "machine": {"cpus": 2, "load_avg": [2.5, 2.25, 2.125]}}))
     # JSON is YAML: the run's saved settings as config.yaml (every learner key, as runs save
     # them, less ``without``: keys a run saved before they existed lacks)
     saved = {k: v for k, v in {**asdict(LearnerConfig()), **(learner or {})}.items() if k not in without}
@@ -55,7 +56,7 @@ def test_runs_are_grouped_by_their_learner_and_each_key_spread_over_the_group(tm
     assert groups[("default", 200000)]["wall_s"]["median"] == pytest.approx(100.0)
     assert groups[("default", 200000)]["time_share"]["learner_updates"]["median"] == pytest.approx(0.6)
     row = next(r for r in report["runs"] if r["run"].endswith("/a"))
-    assert row["seed"] == 10 and row["budget"] == 200000
+    assert row["seed"] == 10 and row["budget"] == 200000 and row["load_15m"] == 2.125
     assert row["time_share"] == pytest.approx({"physics": 0.3, "learner_updates": 0.6, "evaluation": 0.1})
     md = (out / "d.md").read_text()
     assert "| G2 | variant=arli, learner=default, budget=200000 | 3 | 3 | 0.4 | 0.6 | 0.8 | 0.85 | 0.9 |" in md

@@ -193,6 +193,7 @@ def test_finetune_entry_point_writes_a_consistent_run(tmp_path):
     assert "arli/rl/learner.py" in summary["sources"] and "arli/finetune.py" in summary["sources"]
     assert not any(k.startswith(("arli/commands/", "arli/bench/")) for k in summary["sources"])
     assert sources_unchanged(summary["sources"]) and summary["torch_threads"] >= 1
+    assert summary["machine"]["cpus"] >= 1 and len(summary["machine"]["load_avg"]) == 3
     # a stable run says so for each evaluation (tests/test_sim_envs.py provokes an unstable one)
     assert summary["sim_unstable_episodes"] == {"test_base": 0, "test_start": 0, "test_final": 0, "run": 0}
     # where the training time went: every part measured, none negative, the loop's rest included

@@ -7,8 +7,8 @@ training time; per group of runs (``group_by``: ``env``, ``variant``, ``learner`
 ``reports/<name>.{json,md,png}``.
 
 A run's wall time is its own speed only when it had the machine to itself: runs that shared the
-machine record the slower time they ran at (the report shows each run's torch threads; how
-many runs shared the machine is not recorded)."""
+machine record the slower time they ran at (the report shows each run's torch threads and the
+machine's 15-minute load average at the run's end, where the run recorded it)."""
 
 from __future__ import annotations
 
@@ -105,6 +105,8 @@ def run_row(run_dir: str, s: dict, keys: list[str]) -> dict:
             "seed": None if run is None else int(run.seed), "final": s.get("finetuned_success"),
             "diagnostics": {k: (None if diag.get(k) is None else float(diag[k])) for k in keys},
             **{k: s.get(k) for k in SPEED_KEYS}, "torch_threads": s.get("torch_threads"),
+            # the machine's 15-minute load at the run's end (runs before it was recorded: None)
+            "load_15m": ((s.get("machine") or {}).get("load_avg") or [None] * 3)[2],
             "time_share": {k: v / total for k, v in times.items()} if total > 0 else {}}
 
 
@@ -161,7 +163,8 @@ def markdown(cfg: BenchDiagnosticsConfig, rows: list[dict], grouped: list[dict])
           f"`{command(cfg)}` — read from each run's `summary.json` (the learner's statistics at the end of "
           "training) and `config.yaml`; nothing rerun. `learner`: `default` (today's default learner settings), "
           "a named control, or the settings that differ from today's default. A wall time is a speed only for a "
-          "run that had the machine to itself (how many runs shared it is not recorded).", ""]
+          "run that had the machine to itself: `load (15 min)` is the machine's load average at the run's end (runs "
+          "recorded it from 2026-12-06; before, how many runs shared the machine is not recorded).", ""]
     for k in cfg.keys:
         md += [f"## `{k}` per group", "", "| | group | runs | recorded | min | p25 | median | p75 | max |",
                "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -184,8 +187,8 @@ def markdown(cfg: BenchDiagnosticsConfig, rows: list[dict], grouped: list[dict])
     md += ["", "## Runs", "", "Time columns: shares of the run's training time (`train_time_s`), in %.", "",
            "| run | task | variant | learner | d | seed | budget | base | "
            + " | ".join(f"`{k}`" for k in cfg.keys) + " | final (test) | env steps/s | updates/s | wall (min) | "
-           "threads | " + " | ".join(parts) + " |",
-           "|---|---|---|---|---:|---:|---:|---|" + "---:|" * (len(cfg.keys) + 5 + len(parts))]
+           "threads | load (15 min) | " + " | ".join(parts) + " |",
+           "|---|---|---|---|---:|---:|---:|---|" + "---:|" * (len(cfg.keys) + 6 + len(parts))]
     for r in rows:
         wall = None if r["wall_s"] is None else r["wall_s"] / 60
         shares = [None if p not in r["time_share"] else 100 * r["time_share"][p] for p in parts]
@@ -194,6 +197,7 @@ def markdown(cfg: BenchDiagnosticsConfig, rows: list[dict], grouped: list[dict])
                   + " | ".join(_num(r["diagnostics"][k], ".3g") for k in cfg.keys)
                   + f" | {_num(r['final'])} | {_num(r['env_steps_per_s'], '.1f')} | "
                   f"{_num(r['updates_per_s'], '.1f')} | {_num(wall, '.1f')} | {_num(r['torch_threads'], 'd')} | "
+                  f"{_num(r['load_15m'], '.1f')} | "
                   + " | ".join(_num(x, ".0f") for x in shares) + " |")
     return md
 

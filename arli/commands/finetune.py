@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 # first: the snapshot of the code files before the run imports the code it runs (the summary's
 # ``sources``)
 from arli.bench.provenance import loaded_sources  # noqa: I001
-from arli.bench.common import success_plot
+from arli.bench.common import machine_info, success_plot
 from arli.config import FinetuneConfig
 from arli.policies.load import EXPERT, policy_digest
 from arli.runs import make_finetuner
@@ -237,6 +237,9 @@ def main(cfg: FinetuneConfig) -> int:
         # what else a result depends on: the code that ran (file digests, as a sweep cell records
         # them) and torch's thread count (a policy's float sums follow it)
         "sources": loaded_sources(), "torch_threads": torch_threads(),
+        # the machine, and how busy it was over the run's last 1 / 5 / 15 minutes (runnable
+        # processes): a wall time is this run's speed only when the load was about its own threads
+        "machine": {**machine_info(), "load_avg": [round(x, 2) for x in os.getloadavg()]},
     }
     with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=1)
