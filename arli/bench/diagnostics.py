@@ -163,8 +163,8 @@ def markdown(cfg: BenchDiagnosticsConfig, rows: list[dict], grouped: list[dict])
           f"`{command(cfg)}` — read from each run's `summary.json` (the learner's statistics at the end of "
           "training) and `config.yaml`; nothing rerun. `learner`: `default` (today's default learner settings), "
           "a named control, or the settings that differ from today's default. A wall time is a speed only for a "
-          "run that had the machine to itself: `load (15 min)` is the machine's load average at the run's end (runs "
-          "recorded it from 2026-12-06; before, how many runs shared the machine is not recorded).", ""]
+          "run that had the machine to itself: `load (15 min)` is the machine's load average at the run's end (`—` for "
+          "runs that did not record it: how many runs shared the machine is then unknown).", ""]
     for k in cfg.keys:
         md += [f"## `{k}` per group", "", "| | group | runs | recorded | min | p25 | median | p75 | max |",
                "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
