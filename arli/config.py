@@ -598,6 +598,11 @@ class BenchTuneConfig:
                 "a file name without directories (the report is <report_dir>/<name>.*)", self.name)
 
 
+# the action inputs `arli bench critic refit=[...]` trains fresh critics with (arli/bench/critic_refit.py):
+# the executed action (the learner's own), the residual (a - b) / scale, the residual over exploration_std
+REFIT_TREATMENTS = ("executed", "residual", "residual_std")
+
+
 @dataclass
 class BenchCriticConfig:
     """``arli bench critic``: a run's critic against Monte-Carlo returns of candidate actions."""
@@ -613,6 +618,10 @@ class BenchCriticConfig:
     repeats: int = 1
     seed_base: int | None = None  # roll-in episode seeds; null = the run's tune seeds
     seed: int = 0  # the perturbations' draws
+    # fresh critics with another action input (REFIT_TREATMENTS), each trained refit_updates
+    # critic steps on the run's replay with its residual fixed, scoring the same candidates
+    refit: list[str] = field(default_factory=list)
+    refit_updates: int = 30000
     workers: int = 1  # runs judged in parallel processes (one torch thread each)
     name: str = ""  # the report: reports/<name>.*; "" = critic_<task>
     # rewrite reports/<name>.* from the judged states its JSON holds (no rollouts): the same
@@ -630,6 +639,10 @@ class BenchCriticConfig:
             require(getattr(self, name) >= 1, name, ">= 1", getattr(self, name))
         require(self.perturbations >= 0, "perturbations", ">= 0", self.perturbations)
         require(self.perturb_scale > 0, "perturb_scale", "> 0", self.perturb_scale)
+        require(isinstance(self.refit, list) and set(self.refit) <= set(REFIT_TREATMENTS)
+                and len(set(self.refit)) == len(self.refit), "refit",
+                f"a list of distinct action inputs from {list(REFIT_TREATMENTS)}", self.refit)
+        require(self.refit_updates >= 1, "refit_updates", ">= 1", self.refit_updates)
 
 
 @dataclass

@@ -313,3 +313,147 @@ def test_split_halves_say_which_comparisons_the_critic_misses():
     st["perturbed_1"]["runs"] = [0.6, 0.5]
     tie = {tuple(g["pair"]): g["labels"] for g in split_half([st])["by_pair"]}
     assert tie[("perturbed", "perturbed")] == 0.5
+
+
+def test_a_refit_critic_sees_the_action_through_its_treatment():
+    """``executed`` passes the executed action a; ``residual`` (a - b) / scale with b read from the
+    state's base-action slice; ``residual_std`` that over the exploration std."""
+    import torch
+
+    from arli.bench.critic_refit import ActionInputCritic
+    from arli.policies.residual import EnsembleCritic
+
+    state = torch.tensor([[5.0, 0.2, -0.1, 7.0]])  # base action at [1:3]
+    action = torch.tensor([[0.5, -0.4]])
+    inner = EnsembleCritic(4, 2, heads=2, hidden=8)
+    seen = {}
+    for t in ("executed", "residual", "residual_std"):
+        critic = ActionInputCritic(inner, t, slice(1, 3), scale=0.3, exploration_std=0.1)
+        seen[t] = critic.encode(state, action)
+        assert torch.allclose(critic(state, action), inner(state, seen[t]))
+    assert torch.allclose(seen["executed"], action)
+    assert torch.allclose(seen["residual"], torch.tensor([[1.0, -1.0]]))
+    assert torch.allclose(seen["residual_std"], torch.tensor([[10.0, -10.0]]))
+    with pytest.raises(ValueError, match="refit: expected treatments"):
+        ActionInputCritic(inner, "raw", slice(1, 3), 0.3, 0.1)
+    with pytest.raises(ValueError, match="exploration_std, which is 0"):
+        ActionInputCritic(inner, "residual_std", slice(1, 3), 0.3, 0.0)
+
+
+def test_refits_are_compared_on_the_same_split_half_pairs_with_a_paired_interval():
+    """Every refit ranks the same candidates: its share of the split halves' pairs ranked right
+    minus the run's critic's and minus the ``executed`` refit's, paired per state."""
+    from arli.bench.critic import refit_contrasts
+
+    def state(seed, good_right, exec_right, run_right):
+        def q(right):  # a Q ordering x above y (right) or below
+            return (0.9, 0.1) if right else (0.1, 0.9)
+        gx, gy, ex, ey, rx, ry = *q(good_right), *q(exec_right), *q(run_right)
+        return {"source": "policy", "phase": "early", "t": 10, "seed": seed, "candidates": {
+            "x": {"runs": [1.0, 1.0], "mc": 1.0, "q": rx, "q_refit": {"executed": ex, "residual_std": gx}},
+            "y": {"runs": [0.0, 0.0], "mc": 0.0, "q": ry, "q_refit": {"executed": ey, "residual_std": gy}}}}
+
+    # 10 states on 10 episodes: residual_std right on all, executed on 6, the run's critic on 5
+    states = [state(i, True, i < 6, i < 5) for i in range(10)]
+    out = refit_contrasts(states)
+    assert set(out) == {"executed", "residual_std"}
+    assert out["residual_std"]["ranking"]["split_half"]["critic"] == 1.0
+    assert out["executed"]["ranking"]["split_half"]["critic"] == pytest.approx(0.6)
+    assert out["residual_std"]["vs_executed"]["diff"] == pytest.approx(0.4)
+    assert out["residual_std"]["vs_run_critic"]["diff"] == pytest.approx(0.5)
+    lo, hi = out["residual_std"]["vs_executed"]["ci95"]
+    assert 0.0 < lo <= 0.4 <= hi <= 0.8  # over 10 episodes: not 0, not exactly 0.4
+    assert "vs_executed" not in out["executed"]  # the control is not compared with itself
+    plain = [{**st, "candidates": {k: {kk: vv for kk, vv in c.items() if kk != "q_refit"}
+                                   for k, c in st["candidates"].items()}} for st in states]
+    assert refit_contrasts(plain) == {}  # a report without refits
+
+
+def test_refit_settings_are_checked_before_anything_runs():
+    from arli.config import BenchCriticConfig
+    from arli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="refit"):
+        BenchCriticConfig(runs=["a"], refit=["executed", "raw"]).validate()
+    with pytest.raises(ConfigError, match="refit"):
+        BenchCriticConfig(runs=["a"], refit=["residual", "residual"]).validate()
+    with pytest.raises(ConfigError, match="refit_updates"):
+        BenchCriticConfig(runs=["a"], refit=["residual"], refit_updates=0).validate()
+    BenchCriticConfig(runs=["a"], refit=["executed", "residual_std"]).validate()
+
+
+def test_a_report_with_refits_shows_them_and_is_rebuilt_only_by_the_same_refits(monkeypatch, tmp_path):
+    import json
+
+    import arli.bench.critic as critic
+    from arli.config import BenchCriticConfig
+    from arli.errors import ConfigError
+
+    def cand(runs, q, qr):
+        return {"mc": float(np.mean(runs)), "q": q, "runs": runs, "q_refit": {"executed": q, "residual": qr}}
+
+    states = [{"source": "policy", "phase": "early", "t": 10 * i, "seed": i,
+               "candidates": {"residual": cand([1.0, 1.0], 0.2, 0.9), "base": cand([0.0, 0.0], 0.8, 0.1)}}
+              for i in range(4)]
+    settings = {"critic_heads": 4, "critic_hidden": 128, "utd": 1, "critic_warmup_updates": 2000, "gamma": 0.99,
+                "n_step": 3, "exploration_std": 0.1}
+    run = {"run": "runs/a", "env": "peg_insert", "variant": "arli", "delay_steps": 8, "env_steps": 10,
+           "settings": settings, "seeds": {"split": "tune", "seed_base": 10_000, "episodes": 4}, "repeats": 2,
+           **critic.summarize(states, ["policy"]), "states": states}
+    monkeypatch.setattr(critic, "judge_runs", lambda cfg, sources: [json.loads(json.dumps(run))])
+    cfg = dict(runs=["runs/a"], episodes=4, states=4, repeats=2, refit=["executed", "residual"], refit_updates=50,
+               name="c", report_dir=str(tmp_path))
+    assert critic.main(BenchCriticConfig(**cfg)) == 0
+    md = (tmp_path / "c.md").read_text()
+    assert "'refit=[executed, residual]' refit_updates=50 name=c" in md
+    assert "| `runs/a` | residual | 1.00 [1.00, 1.00] | 1.00 / 1.00 (4) | +0.00 [+0.00, +0.00] | " \
+           "+1.00 [+1.00, +1.00] | +1.00 [+1.00, +1.00] |" in md
+    monkeypatch.setattr(critic, "judge_runs", lambda cfg, sources: pytest.fail("report_only rolled out"))
+    assert critic.main(BenchCriticConfig(**cfg, report_only=True)) == 0
+    with pytest.raises(ConfigError, match=r"refit=\[\] \(the report's: \['executed', 'residual'\]\)"):
+        critic.main(BenchCriticConfig(**{**cfg, "refit": []}, report_only=True))
+    with pytest.raises(ConfigError, match=r"refit_updates=60 \(the report's: 50\)"):
+        critic.main(BenchCriticConfig(**{**cfg, "refit_updates": 60}, report_only=True))
+
+
+def test_a_refit_learns_the_returns_of_its_replay_and_leaves_the_residual_alone():
+    """On a replay where one exploration step's sign decides the return, a refit critic with the
+    action at the data's scale ranks the two moves at held-out states; the run's residual (the
+    policy it evaluates) is not trained."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from arli.bench.critic_refit import refit_critic
+    from arli.rl.config import LearnerConfig
+    from arli.rl.learner import ResidualLearner
+    from arli.rl.replay import ReplayBuffer
+
+    D, m, scale, std = 6, 2, 0.3, 0.1
+    lc = LearnerConfig(critic_heads=2, critic_hidden=32, batch_size=64, residual_scale=scale, exploration_std=std,
+                       q_min=0.0, q_max=1.0)
+    rng = np.random.default_rng(0)
+
+    def rows(n):
+        s = rng.standard_normal((n, D)).astype(np.float32)
+        s[:, 2:4] = rng.uniform(-0.5, 0.5, (n, m))  # the base action b
+        sign = rng.choice([-1.0, 1.0], n).astype(np.float32)
+        a = s[:, 2:4] + scale * std * sign[:, None]  # one exploration step off the base, either way
+        return s, a, (sign > 0).astype(np.float32)
+
+    online = ReplayBuffer(2000, D, m)
+    s, a, ret = rows(2000)
+    for i in range(2000):  # one-step episodes: the return is the reward
+        online.add({"state": s[i], "base": s[i, 2:4], "action": a[i], "ret": ret[i], "next_state": s[i],
+                    "next_base": s[i, 2:4], "discount": 0.0})
+    src = ResidualLearner(lc, D, m, seed=1)
+    actor_before = {k: v.clone() for k, v in src.actor.state_dict().items()}
+    ft = SimpleNamespace(spec=SimpleNamespace(learner=lc), learner=src, online=online, anchor=ReplayBuffer(10, D, m),
+                         builder=SimpleNamespace(layout=SimpleNamespace(base_action=slice(2, 4))))
+    torch.manual_seed(0)
+    refit = refit_critic(ft, "residual_std", updates=400, seed=0)
+    s, a, ret = rows(200)  # held-out states
+    q = refit.q_value(s, a)
+    assert np.mean((q > 0.5) == (ret > 0.5)) > 0.9
+    assert all(torch.equal(v, refit.actor.state_dict()[k]) for k, v in actor_before.items())
+    assert refit.critic is not src.critic and src.critic.w1.shape == refit.critic.inner.w1.shape

@@ -66,7 +66,8 @@ def test_the_runtime_does_not_import_the_application(module):
                                     "arli.bench.interventions", "arli.bench.pipeline", "arli.bench.sim",
                                     "arli.bench.critic", "arli.bench.serve", "arli.bench.record",
                                     "arli.bench.tune", "arli.bench.runs", "arli.bench.ceiling",
-                                    "arli.bench.sweep_runs", "arli.bench.diagnostics"])
+                                    "arli.bench.sweep_runs", "arli.bench.diagnostics",
+                                    "arli.bench.critic_refit"])
 def test_benchmarks_do_not_import_the_commands(module):
     assert not under(imported(module), "arli.commands", "arli.cli")
 

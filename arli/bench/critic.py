@@ -156,7 +156,7 @@ def monte_carlo(ft, snapshot, picks: dict, gamma: float, repeats: int = 1) -> di
             if j == 0:
                 state, action = forced.first
                 rows[name] = {"q": float(ft.learner.q_value(state[None], action[None])[0]), "action": action,
-                              "runs": []}
+                              "state": state, "runs": []}
             rows[name]["runs"].append(forced.ret)
     for row in rows.values():
         row["mc"] = float(np.mean(row["runs"]))
@@ -315,7 +315,7 @@ def judge_run(run_dir: str, cfg: BenchCriticConfig, bar=None) -> dict:
     rng = np.random.default_rng(cfg.seed)
     sources = ["policy"] + (["expert"] if ft.expert is not None else [])
     T = ft.env.unwrapped.max_episode_steps
-    states = []
+    states, inputs = [], []  # inputs: (ARLI state (D,), executed action (m,)) of every candidate, in order
     for source in sources:
         for snap in _snapshots(ft, source, seeds, cfg.every, cfg.states):
             rows = monte_carlo(ft, snap, _candidates(ft, cfg.perturbations, cfg.perturb_scale, rng), lc.gamma,
@@ -324,14 +324,69 @@ def judge_run(run_dir: str, cfg: BenchCriticConfig, bar=None) -> dict:
             states.append({"source": source, "phase": phase, "t": snap[1], "seed": snap[2],
                            "candidates": {k: {"mc": v["mc"], "q": v["q"], "runs": v["runs"]}
                                           for k, v in rows.items()}})
+            inputs += [(v["state"], v["action"]) for v in rows.values()]
             if bar is not None:
                 bar.update(1)
+    if cfg.refit and inputs:
+        _score_refits(ft, cfg, states, inputs, progress=bar is not None)
     return {"run": run_dir, "env": name, "delay_steps": delay, "variant": spec.variant, "env_steps": ft.env_steps,
             "settings": {"critic_heads": lc.critic_heads, "critic_hidden": lc.critic_hidden, "utd": lc.utd,
                          "critic_warmup_updates": lc.critic_warmup_updates, "gamma": lc.gamma, "n_step": lc.n_step,
                          "exploration_std": lc.exploration_std, "actor_update": lc.actor_update},
             "seeds": {"split": "tune" if cfg.seed_base is None else "given", "seed_base": seed_base,
                       "episodes": cfg.episodes}, "repeats": cfg.repeats, **summarize(states, sources), "states": states}
+
+
+def _score_refits(ft, cfg: BenchCriticConfig, states: list[dict], inputs: list[tuple], progress: bool) -> None:
+    """Every candidate of ``states`` gets ``q_refit`` {treatment: Q} from a fresh critic per
+    treatment of ``cfg.refit`` (critic_refit.py), ``inputs`` its (state, action) in order."""
+    from arli.bench.critic_refit import refit_scores  # noqa: PLC0415
+
+    s, a = (np.stack(x) for x in zip(*inputs))
+    with tqdm(total=len(cfg.refit) * cfg.refit_updates, desc="refit critics", unit="update", mininterval=2.0,
+              disable=not progress) as bar:
+        scores = refit_scores(ft, cfg.refit, cfg.refit_updates, s, a, seed=cfg.seed, bar=bar)
+    i = 0
+    for st in states:
+        for cand in st["candidates"].values():
+            cand["q_refit"] = {t: float(q[i]) for t, q in scores.items()}
+            i += 1
+
+
+def _as_refit(states: list[dict], treatment: str) -> list[dict]:
+    """``states`` with each candidate's ``q`` the refit critic's of ``treatment``."""
+    return [{**st, "candidates": {k: {**c, "q": c["q_refit"][treatment]} for k, c in st["candidates"].items()}}
+            for st in states]
+
+
+def refit_contrasts(states: list[dict], tol: float = 1e-6, resamples: int = 2000) -> dict:
+    """Per refit treatment, its ranking (``ranking``) and, on the split halves' pairs (the same
+    pairs for every critic), its share right minus the run's own critic's and minus the
+    ``executed`` refit's (the control: a fresh critic on the same data and input), each with a
+    95% bootstrap interval over roll-in episodes. {} when no candidate has refits."""
+    if not states or "q_refit" not in next(iter(states[0]["candidates"].values())):
+        return {}
+    treatments = list(next(iter(states[0]["candidates"].values()))["q_refit"])
+    episodes = _episodes(states)
+    out = {}
+    for t in treatments:
+        res = {"ranking": ranking([st["candidates"] for st in _as_refit(states, t)], tol, episodes)}
+        if res["ranking"].get("split_half"):
+            for name, other in (("vs_run_critic", states), ("vs_executed", _as_refit(states, "executed"))):
+                if name == "vs_executed" and ("executed" not in treatments or t == "executed"):
+                    continue
+                mine = [_pair_tallies(st["candidates"], (tol, np.inf), tol)[0] for st in _as_refit(states, t)]
+                theirs = [_pair_tallies(st["candidates"], (tol, np.inf), tol)[0] for st in other]
+                rows = np.array([[m[0], m[2], o[2]] for m, o in zip(mine, theirs)])  # pairs, right, right
+                boot = _resampled(rows, episodes, resamples)
+                boot = boot[boot[:, 0] > 0]
+                diff = (boot[:, 1] - boot[:, 2]) / boot[:, 0]
+                total = rows.sum(axis=0)
+                res[name] = {"diff": float((total[1] - total[2]) / total[0]) if total[0] else None,
+                             "ci95": [float(np.percentile(diff, 2.5)), float(np.percentile(diff, 97.5))]
+                             if len(diff) else None}
+        out[t] = res
+    return out
 
 
 def _episodes(states: list[dict]) -> list[tuple]:
@@ -353,7 +408,7 @@ def summarize(states: list[dict], sources: list[str]) -> dict:
     per_candidate = {k: {"mc_mean": float(np.mean([c[k]["mc"] for c in cands])),
                          "q_mean": float(np.mean([c[k]["q"] for c in cands]))} for k in cands[0]} if cands else {}
     return {"overall": ranking(cands, episodes=_episodes(states)), "by_source": by["source"], "by_phase": by["phase"],
-            "by_candidate": per_candidate}
+            "by_candidate": per_candidate, "refits": refit_contrasts(states)}
 
 
 def _fmt(x, spec=".2f") -> str:
@@ -364,6 +419,14 @@ def _shortfall(sh: dict) -> str:
     """What the critic leaves of what its labels allow, with its interval: ``+0.25 [+0.18, +0.31]``."""
     ci = sh.get("shortfall_ci95")
     return "—" if ci is None else f"{sh['shortfall']:+.2f} [{ci[0]:+.2f}, {ci[1]:+.2f}]"
+
+
+def _contrast(c: dict | None) -> str:
+    """A paired difference with its interval: ``+0.12 [+0.05, +0.19]``."""
+    if not c or c.get("diff") is None:
+        return "—"
+    ci = c.get("ci95")
+    return f"{c['diff']:+.2f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
 
 
 def _judge_alone(run_dir: str, cfg: BenchCriticConfig) -> dict:
@@ -410,7 +473,9 @@ def rebuilt(cfg: BenchCriticConfig) -> tuple[list[dict], str]:
                 for src in {s["source"] for s in r["states"]}), default=cfg.states)
     stored = {"runs": [r.get("run") for r in runs], "every": saved.get("every"),
               "perturbations": saved.get("perturbations"), "perturb_scale": saved.get("perturb_scale"),
-              "states": saved.get("states", most), "seed": saved.get("seed", cfg.seed)}
+              "states": saved.get("states", most), "seed": saved.get("seed", cfg.seed), "refit": saved.get("refit", [])}
+    if stored["refit"]:
+        stored["refit_updates"] = saved.get("refit_updates")
     for r in runs:
         stored.setdefault("repeats", r.get("repeats", 1))
         stored.setdefault("episodes", r["seeds"]["episodes"])
@@ -440,7 +505,8 @@ def main(cfg: BenchCriticConfig) -> int:
     name = cfg.name or f"critic_{results[0]['env']}"
     split = any(r["overall"].get("split_half") for r in results)
     payload = {"runs": results, "states": cfg.states, "every": cfg.every, "perturbations": cfg.perturbations,
-               "perturb_scale": cfg.perturb_scale, "seed": cfg.seed, "machine": machine,
+               "perturb_scale": cfg.perturb_scale, "seed": cfg.seed, "refit": cfg.refit,
+               "refit_updates": cfg.refit_updates, "machine": machine,
                "rebuilt_from_json": cfg.report_only}
     os.makedirs(cfg.report_dir, exist_ok=True)
     with figure(os.path.join(cfg.report_dir, f"{name}.png"), figsize=(5.5, 4.5)) as ax:
@@ -459,7 +525,9 @@ def main(cfg: BenchCriticConfig) -> int:
           f"`arli bench critic 'runs=[{', '.join(cfg.runs)}]' states={cfg.states} episodes={cfg.episodes} "
           f"every={cfg.every} perturbations={cfg.perturbations} perturb_scale={cfg.perturb_scale}"
           + (f" repeats={cfg.repeats}" if cfg.repeats != 1 else "")
-          + (f" seed_base={cfg.seed_base}" if cfg.seed_base is not None else "") + f" seed={cfg.seed} name={name}"
+          + (f" seed_base={cfg.seed_base}" if cfg.seed_base is not None else "") + f" seed={cfg.seed}"
+          + (f" 'refit=[{', '.join(cfg.refit)}]' refit_updates={cfg.refit_updates}" if cfg.refit else "")
+          + f" name={name}"
           + (f" report_dir={cfg.report_dir}" if cfg.report_dir != "reports" else "")
           + "` — from states the run's residual visits and states the scripted "
           f"expert visits (a state every {cfg.every} steps of {cfg.episodes} roll-in episodes per source, at most "
@@ -491,6 +559,26 @@ def main(cfg: BenchCriticConfig) -> int:
                   f"{_fmt(o['mc_mean'], '.3f')} |"
                   + (f" {_fmt(sh['labels'])} / {_fmt(sh['critic'])} ({sh['pairs']}) | {_shortfall(sh)} |" if sh else
                      (" — | — |" if split else "")))
+    if any(r.get("refits") for r in results):
+        md += ["", "## Offline refits: the same candidates, fresh critics with another action input", "",
+               f"Each refit trains a fresh critic for {cfg.refit_updates} critic updates on the run's own replay (its "
+               "batch mix, TD targets and target heads) with the run's residual fixed, i.e. it evaluates the policy the "
+               "labels continue with; `executed` sees the executed action as the learner's critic does (the control), "
+               "`residual` sees (a − b) / residual_scale, `residual_std` that over the run's exploration_std. The "
+               "differences are shares of the split halves' pairs ranked right, paired on the same pairs, with 95% "
+               "intervals from a bootstrap over roll-in episodes.", "",
+               "| run | action input | pairwise acc. [95% CI] | split halves: labels / critic (pairs) | "
+               "labels − critic [95% CI] | − the run's critic [95% CI] | − the `executed` refit [95% CI] |",
+               "|---|---|---|---:|---|---|---|"]
+        for r in results:
+            for t, res in r.get("refits", {}).items():
+                o = res["ranking"]
+                ci, sh = o.get("pairwise_accuracy_ci95"), o.get("split_half")
+                md.append(f"| `{r['run']}` | {t} | {_fmt(o['pairwise_accuracy'])} "
+                          + (f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+                          + (f" | {_fmt(sh['labels'])} / {_fmt(sh['critic'])} ({sh['pairs']}) | {_shortfall(sh)}"
+                             if sh else " | — | —")
+                          + "".join(f" | {_contrast(res.get(k))}" for k in ("vs_run_critic", "vs_executed")) + " |")
     for r in results:
         md += ["", f"## `{r['run']}`", "", "| slice | states (ranked) | pairs | pairwise acc. [95% CI] | Spearman | "
                "top-1 |", "|---|---:|---:|---|---:|---:|"]

@@ -1,0 +1,89 @@
+"""Offline refits of a run's critic with another action input, for ``arli bench critic refit=[...]``.
+
+The learner's critic sees the executed action ``a = clip(b + scale * r)`` (m of its D + m
+inputs, in action units). The actions its replay holds at one state differ by the run's
+exploration, ``scale * exploration_std`` (0.03 action units by default): tiny next to the
+normalised observation. A refit asks whether the critic ranks such moves once it sees them at
+the data's scale. Each treatment trains a fresh critic on the run's own replay (online and
+anchor rows, the learner's batch mix, TD targets, target heads and smoothing) for ``updates``
+critic steps while the run's residual stays fixed: policy evaluation of that residual, which
+is what the judged Monte-Carlo returns measure. The same candidates on the same states are then
+scored by every refit, so treatments are compared on identical labels.
+
+Treatments (``TREATMENTS``):
+
+* ``executed``: the learner's own input, a (B, m) — the control (a fresh critic on a fixed replay);
+* ``residual``: r = (a - b) / scale (B, m), the residual units the actor acts in;
+* ``residual_std``: r / exploration_std (B, m), one unit = one exploration step.
+
+A diagnostic only: no run trains with it (the learner's critic is unchanged).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import numpy as np
+import torch
+from torch import nn
+
+from arli.config import REFIT_TREATMENTS as TREATMENTS
+from arli.policies.residual import EnsembleCritic
+from arli.rl.flat_adam import FlatAdam, FlatParameters
+from arli.rl.learner import ResidualLearner
+
+
+class ActionInputCritic(nn.Module):
+    """An ensemble critic that sees the action through a treatment: s (B, D), a (B, m) -> (E, B)
+    (or (k, B) for ``heads``); b is read from the state's base-action slice ``base``."""
+
+    def __init__(self, inner: EnsembleCritic, treatment: str, base: slice, scale: float, exploration_std: float):
+        super().__init__()
+        if treatment not in TREATMENTS:
+            raise ValueError(f"refit: expected treatments from {TREATMENTS}, got {treatment!r}")
+        if treatment == "residual_std" and exploration_std <= 0:
+            raise ValueError("refit: residual_std divides by the run's exploration_std, which is 0")
+        self.inner, self.treatment, self.base = inner, treatment, base
+        self.gain = 1.0 / scale / (exploration_std if treatment == "residual_std" else 1.0)
+
+    def encode(self, state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """The action as this critic sees it (B, m)."""
+        return action if self.treatment == "executed" else (action - state[:, self.base]) * self.gain
+
+    def forward(self, state: torch.Tensor, action: torch.Tensor, heads: torch.Tensor | None = None) -> torch.Tensor:
+        return self.inner(state, self.encode(state, action), heads)
+
+
+def refit_critic(ft, treatment: str, updates: int, seed: int = 0, bar=None) -> ResidualLearner:
+    """A learner whose fresh critic (input ``treatment``) was trained ``updates`` critic steps on
+    ``ft``'s replay with ``ft``'s residual fixed as the policy it evaluates; score candidates with
+    its ``q_value(states (N, D), actions (N, m)) -> (N,)``. ``bar`` advances once per update."""
+    lc = ft.spec.learner
+    # the actor never steps (its warm-up outlasts the refit): the critic evaluates the run's residual
+    cfg = dataclasses.replace(lc, critic_warmup_updates=updates + 1)
+    src = ft.learner
+    learner = ResidualLearner(cfg, src.state_dim, src.action_dim, seed=seed, device="cpu")
+    for name in ("actor", "actor_target"):
+        getattr(learner, name).load_state_dict(src.actor.state_dict())
+    critic = ActionInputCritic(EnsembleCritic(src.state_dim, src.action_dim, cfg.critic_heads, cfg.critic_hidden),
+                               treatment, ft.builder.layout.base_action, cfg.residual_scale, cfg.exploration_std)
+    # the learner's optimiser and Polyak run on flat views of its critic's parameters: rebind them
+    learner.critic, learner.critic_target = critic, copy.deepcopy(critic).requires_grad_(False)
+    learner.critic_flat, learner.critic_target_flat = FlatParameters(critic), FlatParameters(learner.critic_target)
+    learner.critic_opt = FlatAdam(learner.critic_flat, lr=cfg.critic_lr)
+    for _ in range(updates):
+        learner.update(ft.online, ft.anchor)
+        if bar is not None:
+            bar.update(1)
+    return learner
+
+
+def refit_scores(ft, treatments: list[str], updates: int, states: np.ndarray, actions: np.ndarray,
+                 seed: int = 0, bar=None) -> dict[str, np.ndarray]:
+    """treatment -> mean-head Q (N,) of each refit for candidate states (N, D) and actions (N, m)."""
+    out = {}
+    for treatment in treatments:
+        learner = refit_critic(ft, treatment, updates, seed, bar)
+        out[treatment] = learner.q_value(states, actions).astype(float)
+    return out
