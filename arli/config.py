@@ -643,6 +643,9 @@ class BenchCriticConfig:
                 and len(set(self.refit)) == len(self.refit), "refit",
                 f"a list of distinct action inputs from {list(REFIT_TREATMENTS)}", self.refit)
         require(self.refit_updates >= 1, "refit_updates", ">= 1", self.refit_updates)
+        # refits are compared on the split halves' pairs, which need two rollouts per candidate
+        require(not self.refit or self.repeats >= 2, "repeats", ">= 2 with refit (the refits are compared on "
+                "split halves of the repeats)", self.repeats)
 
 
 @dataclass

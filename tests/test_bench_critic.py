@@ -364,6 +364,12 @@ def test_refits_are_compared_on_the_same_split_half_pairs_with_a_paired_interval
     lo, hi = out["residual_std"]["vs_executed"]["ci95"]
     assert 0.0 < lo <= 0.4 <= hi <= 0.8  # over 10 episodes: not 0, not exactly 0.4
     assert "vs_executed" not in out["executed"]  # the control is not compared with itself
+    # without the control, or with a refit that diverged, the rest is still compared
+    alone = [{**st, "candidates": {k: {**c, "q_refit": {"residual_std": c["q_refit"]["residual_std"], "residual": None}}
+                                   for k, c in st["candidates"].items()}} for st in states]
+    out_alone = refit_contrasts(alone)
+    assert out_alone["residual"] == {"diverged": True} and "vs_executed" not in out_alone["residual_std"]
+    assert out_alone["residual_std"]["vs_run_critic"] == out["residual_std"]["vs_run_critic"]
     plain = [{**st, "candidates": {k: {kk: vv for kk, vv in c.items() if kk != "q_refit"}
                                    for k, c in st["candidates"].items()}} for st in states]
     assert refit_contrasts(plain) == {}  # a report without refits
@@ -379,10 +385,12 @@ def test_refit_settings_are_checked_before_anything_runs():
         BenchCriticConfig(runs=["a"], refit=["residual", "residual"]).validate()
     with pytest.raises(ConfigError, match="refit_updates"):
         BenchCriticConfig(runs=["a"], refit=["residual"], refit_updates=0).validate()
-    BenchCriticConfig(runs=["a"], refit=["executed", "residual_std"]).validate()
+    with pytest.raises(ConfigError, match="repeats: .*>= 2 with refit"):
+        BenchCriticConfig(runs=["a"], refit=["residual"]).validate()
+    BenchCriticConfig(runs=["a"], refit=["executed", "residual_std"], repeats=2).validate()
 
 
-def test_a_report_with_refits_shows_them_and_is_rebuilt_only_by_the_same_refits(monkeypatch, tmp_path):
+def test_a_report_with_refits_shows_them_and_is_rebuilt_only_by_the_same_refits(monkeypatch, tmp_path, capsys):
     import json
 
     import arli.bench.critic as critic
@@ -406,8 +414,10 @@ def test_a_report_with_refits_shows_them_and_is_rebuilt_only_by_the_same_refits(
     assert critic.main(BenchCriticConfig(**cfg)) == 0
     md = (tmp_path / "c.md").read_text()
     assert "'refit=[executed, residual]' refit_updates=50 name=c" in md
-    assert "| `runs/a` | residual | 1.00 [1.00, 1.00] | 1.00 / 1.00 (4) | +0.00 [+0.00, +0.00] | " \
-           "+1.00 [+1.00, +1.00] | +1.00 [+1.00, +1.00] |" in md
+    assert "| `runs/a` | residual | +1.00 [+1.00, +1.00] | 1.00 / 1.00 (4) | +0.00 [+0.00, +0.00] | " \
+           "1.00 [1.00, 1.00] | +1.00 [+1.00, +1.00] |" in md
+    out = capsys.readouterr().out
+    assert "| `runs/a` | residual | +1.00" in out and "## `runs/a`" not in out  # the refits on the console too
     monkeypatch.setattr(critic, "judge_runs", lambda cfg, sources: pytest.fail("report_only rolled out"))
     assert critic.main(BenchCriticConfig(**cfg, report_only=True)) == 0
     with pytest.raises(ConfigError, match=r"refit=\[\] \(the report's: \['executed', 'residual'\]\)"):

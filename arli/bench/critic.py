@@ -349,7 +349,7 @@ def _score_refits(ft, cfg: BenchCriticConfig, states: list[dict], inputs: list[t
     i = 0
     for st in states:
         for cand in st["candidates"].values():
-            cand["q_refit"] = {t: float(q[i]) for t, q in scores.items()}
+            cand["q_refit"] = {t: None if q is None else float(q[i]) for t, q in scores.items()}
             i += 1
 
 
@@ -366,15 +366,18 @@ def refit_contrasts(states: list[dict], tol: float = 1e-6, resamples: int = 2000
     95% bootstrap interval over roll-in episodes. {} when no candidate has refits."""
     if not states or "q_refit" not in next(iter(states[0]["candidates"].values())):
         return {}
-    treatments = list(next(iter(states[0]["candidates"].values()))["q_refit"])
+    treatments = [t for t, q in next(iter(states[0]["candidates"].values()))["q_refit"].items() if q is not None]
     episodes = _episodes(states)
     out = {}
+    diverged = [t for t, q in next(iter(states[0]["candidates"].values()))["q_refit"].items() if q is None]
+    out.update({t: {"diverged": True} for t in diverged})
     for t in treatments:
         res = {"ranking": ranking([st["candidates"] for st in _as_refit(states, t)], tol, episodes)}
         if res["ranking"].get("split_half"):
-            for name, other in (("vs_run_critic", states), ("vs_executed", _as_refit(states, "executed"))):
-                if name == "vs_executed" and ("executed" not in treatments or t == "executed"):
-                    continue
+            others = [("vs_run_critic", states)]
+            if "executed" in treatments and t != "executed":
+                others.insert(0, ("vs_executed", _as_refit(states, "executed")))
+            for name, other in others:
                 mine = [_pair_tallies(st["candidates"], (tol, np.inf), tol)[0] for st in _as_refit(states, t)]
                 theirs = [_pair_tallies(st["candidates"], (tol, np.inf), tol)[0] for st in other]
                 rows = np.array([[m[0], m[2], o[2]] for m, o in zip(mine, theirs)])  # pairs, right, right
@@ -561,24 +564,32 @@ def main(cfg: BenchCriticConfig) -> int:
                      (" — | — |" if split else "")))
     if any(r.get("refits") for r in results):
         md += ["", "## Offline refits: the same candidates, fresh critics with another action input", "",
-               f"Each refit trains a fresh critic for {cfg.refit_updates} critic updates on the run's own replay (its "
-               "batch mix, TD targets and target heads) with the run's residual fixed, i.e. it evaluates the policy the "
-               "labels continue with; `executed` sees the executed action as the learner's critic does (the control), "
-               "`residual` sees (a − b) / residual_scale, `residual_std` that over the run's exploration_std. The "
-               "differences are shares of the split halves' pairs ranked right, paired on the same pairs, with 95% "
-               "intervals from a bootstrap over roll-in episodes.", "",
-               "| run | action input | pairwise acc. [95% CI] | split halves: labels / critic (pairs) | "
-               "labels − critic [95% CI] | − the run's critic [95% CI] | − the `executed` refit [95% CI] |",
+               f"Each refit trains a fresh critic for {cfg.refit_updates} critic updates on the run's final replay "
+               "(the learner's own off-policy TD evaluation — batch mix, n-step targets, target heads and smoothing — "
+               "with the run's residual held fixed as the policy); `executed` sees the executed action as the "
+               "learner's critic does (the control), `residual` sees (a − b) / residual_scale, `residual_std` that "
+               "over the run's exploration_std. The three differ only in that input (same seed, batches and updates), "
+               "so `− the executed refit` is the input's effect; `− the run's critic` also differs in update count, "
+               "a moving actor and a growing replay (context only). Both are shares of the split halves' pairs "
+               "(half A's returns against half B's order) ranked right, paired on the same pairs, with 95% intervals "
+               "from a bootstrap over roll-in episodes; pairwise acc. uses the mean of all repeats instead, so it "
+               "does not subtract to them.", "",
+               "| run | action input | − the `executed` refit [95% CI] | split halves: labels / critic (pairs) | "
+               "labels − critic [95% CI] | pairwise acc. [95% CI] | − the run's critic [95% CI] |",
                "|---|---|---|---:|---|---|---|"]
         for r in results:
             for t, res in r.get("refits", {}).items():
+                if res.get("diverged"):
+                    md.append(f"| `{r['run']}` | {t} | diverged (the refit stopped: no scores) | | | | |")
+                    continue
                 o = res["ranking"]
                 ci, sh = o.get("pairwise_accuracy_ci95"), o.get("split_half")
-                md.append(f"| `{r['run']}` | {t} | {_fmt(o['pairwise_accuracy'])} "
-                          + (f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+                md.append(f"| `{r['run']}` | {t} | {_contrast(res.get('vs_executed'))}"
                           + (f" | {_fmt(sh['labels'])} / {_fmt(sh['critic'])} ({sh['pairs']}) | {_shortfall(sh)}"
                              if sh else " | — | —")
-                          + "".join(f" | {_contrast(res.get(k))}" for k in ("vs_run_critic", "vs_executed")) + " |")
+                          + f" | {_fmt(o['pairwise_accuracy'])} " + (f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+                          + f" | {_contrast(res.get('vs_run_critic'))} |")
+    shown = len(md)  # the console shows the main table and the refits' (the per-run sections are in the file)
     for r in results:
         md += ["", f"## `{r['run']}`", "", "| slice | states (ranked) | pairs | pairwise acc. [95% CI] | Spearman | "
                "top-1 |", "|---|---:|---:|---|---:|---:|"]
@@ -603,5 +614,5 @@ def main(cfg: BenchCriticConfig) -> int:
     md += ["", f"![Q vs Monte-Carlo return]({name}.png)", "", f"Machine: {machine}"
            + (" (rebuilt from the report's JSON with `report_only=true`: no rollout ran again)" if cfg.report_only
               else ""), ""]
-    return publish(cfg.report_dir, name, payload, md, slice(6, 8 + len(results)),
+    return publish(cfg.report_dir, name, payload, md, slice(6, shown),
                    {r["run"]: r["overall"]["pairwise_accuracy"] for r in results} if cfg.json else None)

@@ -6,8 +6,8 @@ exploration, ``scale * exploration_std`` (0.03 action units by default): tiny ne
 normalised observation. A refit asks whether the critic ranks such moves once it sees them at
 the data's scale. Each treatment trains a fresh critic on the run's own replay (online and
 anchor rows, the learner's batch mix, TD targets, target heads and smoothing) for ``updates``
-critic steps while the run's residual stays fixed: policy evaluation of that residual, which
-is what the judged Monte-Carlo returns measure. The same candidates on the same states are then
+critic steps while the run's residual stays fixed: the learner's own off-policy TD evaluation
+of that residual (the judged Monte-Carlo returns continue with it). The same candidates on the same states are then
 scored by every refit, so treatments are compared on identical labels.
 
 Treatments (``TREATMENTS``):
@@ -31,7 +31,7 @@ from torch import nn
 from arli.config import REFIT_TREATMENTS as TREATMENTS
 from arli.policies.residual import EnsembleCritic
 from arli.rl.flat_adam import FlatAdam, FlatParameters
-from arli.rl.learner import ResidualLearner
+from arli.rl.learner import LearnerDiverged, ResidualLearner
 
 
 class ActionInputCritic(nn.Module):
@@ -59,7 +59,7 @@ def refit_critic(ft, treatment: str, updates: int, seed: int = 0, bar=None) -> R
     """A learner whose fresh critic (input ``treatment``) was trained ``updates`` critic steps on
     ``ft``'s replay with ``ft``'s residual fixed as the policy it evaluates; score candidates with
     its ``q_value(states (N, D), actions (N, m)) -> (N,)``. ``bar`` advances once per update."""
-    lc = ft.spec.learner
+    lc = ft.learner.cfg  # the run learner's own (its q_min accounts for a takeover penalty; the spec's does not)
     # the actor never steps (its warm-up outlasts the refit): the critic evaluates the run's residual
     cfg = dataclasses.replace(lc, critic_warmup_updates=updates + 1)
     src = ft.learner
@@ -80,10 +80,16 @@ def refit_critic(ft, treatment: str, updates: int, seed: int = 0, bar=None) -> R
 
 
 def refit_scores(ft, treatments: list[str], updates: int, states: np.ndarray, actions: np.ndarray,
-                 seed: int = 0, bar=None) -> dict[str, np.ndarray]:
-    """treatment -> mean-head Q (N,) of each refit for candidate states (N, D) and actions (N, m)."""
-    out = {}
+                 seed: int = 0, bar=None) -> dict[str, np.ndarray | None]:
+    """treatment -> mean-head Q (N,) of each refit for candidate states (N, D) and actions (N, m);
+    None for a refit whose critic diverged."""
+    out: dict[str, np.ndarray | None] = {}
     for treatment in treatments:
-        learner = refit_critic(ft, treatment, updates, seed, bar)
+        try:
+            learner = refit_critic(ft, treatment, updates, seed, bar)
+        except LearnerDiverged as exc:  # one treatment's failure keeps the others' scores and the labels
+            print(f"refit {treatment}: {exc}", flush=True)
+            out[treatment] = None
+            continue
         out[treatment] = learner.q_value(states, actions).astype(float)
     return out
