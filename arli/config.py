@@ -601,6 +601,32 @@ class BenchTuneConfig:
 # the action inputs `arli bench critic refit=[...]` trains fresh critics with (arli/bench/critic_refit.py):
 # the executed action (the learner's own), the residual (a - b) / scale, the residual over exploration_std
 REFIT_TREATMENTS = ("executed", "residual", "residual_std")
+# critic settings a refit may change (`<input>:<field>=<value>,...`); gamma and n_step are not among
+# them: the replay's n-step returns and discounts were computed with the run's own
+REFIT_SETTINGS = ("critic_heads", "critic_hidden", "critic_subset", "critic_lr", "tau", "anchor_ratio", "batch_size",
+                  "target_noise", "target_noise_clip", "grad_clip")
+
+
+def parse_refit(entry: str) -> tuple[str, dict[str, int | float]]:
+    """``"<input>"`` or ``"<input>:<field>=<value>,..."`` (REFIT_TREATMENTS, REFIT_SETTINGS) ->
+    (input, {field: value typed as the learner's field}); a ConfigError names what is wrong."""
+    from arli.rl.config import LearnerConfig  # noqa: PLC0415
+
+    treatment, _, rest = str(entry).partition(":")
+    require(treatment in REFIT_TREATMENTS, "refit", f"entries '<input>' or '<input>:<field>=<value>,...' with "
+            f"<input> one of {list(REFIT_TREATMENTS)}", entry)
+    overrides: dict[str, int | float] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        require(bool(eq) and key in REFIT_SETTINGS, "refit", f"settings '<field>=<value>' with <field> one of "
+                f"{list(REFIT_SETTINGS)} (gamma and n_step are fixed by the replay's n-step rows)", entry)
+        kind = type(getattr(LearnerConfig, key))
+        try:
+            overrides[key] = kind(value)
+        except ValueError:
+            require(False, "refit", f"{key} as {kind.__name__}", entry)
+    return treatment, overrides
 
 
 @dataclass
@@ -618,8 +644,9 @@ class BenchCriticConfig:
     repeats: int = 1
     seed_base: int | None = None  # roll-in episode seeds; null = the run's tune seeds
     seed: int = 0  # the perturbations' draws
-    # fresh critics with another action input (REFIT_TREATMENTS), each trained refit_updates
-    # critic steps on the run's replay with its residual fixed, scoring the same candidates
+    # fresh critics with another action input (REFIT_TREATMENTS) and optionally other critic
+    # settings ("residual:critic_heads=10,anchor_ratio=0"), each trained refit_updates critic
+    # steps on the run's replay with its residual fixed, scoring the same candidates
     refit: list[str] = field(default_factory=list)
     refit_updates: int = 30000
     workers: int = 1  # runs judged in parallel processes (one torch thread each)
@@ -639,9 +666,10 @@ class BenchCriticConfig:
             require(getattr(self, name) >= 1, name, ">= 1", getattr(self, name))
         require(self.perturbations >= 0, "perturbations", ">= 0", self.perturbations)
         require(self.perturb_scale > 0, "perturb_scale", "> 0", self.perturb_scale)
-        require(isinstance(self.refit, list) and set(self.refit) <= set(REFIT_TREATMENTS)
-                and len(set(self.refit)) == len(self.refit), "refit",
-                f"a list of distinct action inputs from {list(REFIT_TREATMENTS)}", self.refit)
+        require(isinstance(self.refit, list) and len(set(map(str, self.refit))) == len(self.refit), "refit",
+                "a list of distinct entries '<input>' or '<input>:<field>=<value>,...'", self.refit)
+        for entry in self.refit:
+            parse_refit(entry)
         require(self.refit_updates >= 1, "refit_updates", ">= 1", self.refit_updates)
         # refits are compared on the split halves' pairs, which need two rollouts per candidate
         require(not self.refit or self.repeats >= 2, "repeats", ">= 2 with refit (the refits are compared on "

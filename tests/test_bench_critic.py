@@ -388,6 +388,17 @@ def test_refit_settings_are_checked_before_anything_runs():
     with pytest.raises(ConfigError, match="repeats: .*>= 2 with refit"):
         BenchCriticConfig(runs=["a"], refit=["residual"]).validate()
     BenchCriticConfig(runs=["a"], refit=["executed", "residual_std"], repeats=2).validate()
+    from arli.config import parse_refit
+
+    assert parse_refit("residual:critic_heads=10,anchor_ratio=0") == ("residual", {"critic_heads": 10,
+                                                                                  "anchor_ratio": 0.0})
+    assert parse_refit("executed") == ("executed", {})
+    with pytest.raises(ConfigError, match="gamma and n_step are fixed by the replay"):
+        parse_refit("executed:gamma=0.9")
+    with pytest.raises(ConfigError, match="critic_heads as int"):
+        parse_refit("executed:critic_heads=many")
+    with pytest.raises(ConfigError, match="refit"):
+        BenchCriticConfig(runs=["a"], refit=["executed", "executed:tau"], repeats=2).validate()
 
 
 def test_a_report_with_refits_shows_them_and_is_rebuilt_only_by_the_same_refits(monkeypatch, tmp_path, capsys):
@@ -461,9 +472,9 @@ def test_a_refit_learns_the_returns_of_its_replay_and_leaves_the_residual_alone(
     ft = SimpleNamespace(spec=SimpleNamespace(learner=lc), learner=src, online=online, anchor=ReplayBuffer(10, D, m),
                          builder=SimpleNamespace(layout=SimpleNamespace(base_action=slice(2, 4))))
     torch.manual_seed(0)
-    refit = refit_critic(ft, "residual_std", updates=400, seed=0)
+    refit = refit_critic(ft, "residual_std:critic_hidden=24", updates=400, seed=0)
     s, a, ret = rows(200)  # held-out states
     q = refit.q_value(s, a)
     assert np.mean((q > 0.5) == (ret > 0.5)) > 0.9
     assert all(torch.equal(v, refit.actor.state_dict()[k]) for k, v in actor_before.items())
-    assert refit.critic is not src.critic and src.critic.w1.shape == refit.critic.inner.w1.shape
+    assert refit.critic is not src.critic and refit.critic.inner.w1.shape == (D + m, 2, 24)  # the setting applied

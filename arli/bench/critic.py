@@ -563,24 +563,25 @@ def main(cfg: BenchCriticConfig) -> int:
                   + (f" {_fmt(sh['labels'])} / {_fmt(sh['critic'])} ({sh['pairs']}) | {_shortfall(sh)} |" if sh else
                      (" — | — |" if split else "")))
     if any(r.get("refits") for r in results):
-        md += ["", "## Offline refits: the same candidates, fresh critics with another action input", "",
+        md += ["", "## Offline refits: the same candidates, fresh critics with another action input or settings", "",
                f"Each refit trains a fresh critic for {cfg.refit_updates} critic updates on the run's final replay "
                "(the learner's own off-policy TD evaluation — batch mix, n-step targets, target heads and smoothing — "
                "with the run's residual held fixed as the policy); `executed` sees the executed action as the "
                "learner's critic does (the control), `residual` sees (a − b) / residual_scale, `residual_std` that "
-               "over the run's exploration_std. The three differ only in that input (same seed, batches and updates), "
-               "so `− the executed refit` is the input's effect; `− the run's critic` also differs in update count, "
+               "over the run's exploration_std; `<input>:<field>=<value>,...` also changes those critic settings. "
+               "Refits differ only in those (same seed, replay and number of updates), so `− the executed refit` "
+               "is their effect; `− the run's critic` also differs in update count, "
                "a moving actor and a growing replay (context only). Both are shares of the split halves' pairs "
                "(half A's returns against half B's order) ranked right, paired on the same pairs, with 95% intervals "
                "from a bootstrap over roll-in episodes; pairwise acc. uses the mean of all repeats instead, so it "
                "does not subtract to them.", "",
-               "| run | action input | − the `executed` refit [95% CI] | split halves: labels / critic (pairs) | "
+               "| run | refit (input: settings) | − the `executed` refit [95% CI] | split halves: labels / critic (pairs) | "
                "labels − critic [95% CI] | pairwise acc. [95% CI] | − the run's critic [95% CI] |",
                "|---|---|---|---:|---|---|---|"]
         for r in results:
             for t, res in r.get("refits", {}).items():
                 if res.get("diverged"):
-                    md.append(f"| `{r['run']}` | {t} | diverged (the refit stopped: no scores) | | | | |")
+                    md.append(f"| `{r['run']}` | {t} | diverged or refused (see the log: no scores) | | | | |")
                     continue
                 o = res["ranking"]
                 ci, sh = o.get("pairwise_accuracy_ci95"), o.get("split_half")

@@ -14,7 +14,10 @@ Treatments (``TREATMENTS``):
 
 * ``executed``: the learner's own input, a (B, m) — the control (a fresh critic on a fixed replay);
 * ``residual``: r = (a - b) / scale (B, m), the residual units the actor acts in;
-* ``residual_std``: r / exploration_std (B, m), one unit = one exploration step.
+* ``residual_std``: r / exploration_std (B, m), one unit = one exploration step;
+
+each optionally with other critic settings (``"executed:anchor_ratio=0,critic_heads=10"``,
+``REFIT_SETTINGS``), so critic settings too are compared on the same data and labels.
 
 A diagnostic only: no run trains with it (the learner's critic is unchanged).
 """
@@ -28,7 +31,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from arli.config import REFIT_TREATMENTS as TREATMENTS
+from arli.config import REFIT_TREATMENTS as TREATMENTS, parse_refit
+from arli.errors import ConfigError
 from arli.policies.residual import EnsembleCritic
 from arli.rl.flat_adam import FlatAdam, FlatParameters
 from arli.rl.learner import LearnerDiverged, ResidualLearner
@@ -55,13 +59,15 @@ class ActionInputCritic(nn.Module):
         return self.inner(state, self.encode(state, action), heads)
 
 
-def refit_critic(ft, treatment: str, updates: int, seed: int = 0, bar=None) -> ResidualLearner:
-    """A learner whose fresh critic (input ``treatment``) was trained ``updates`` critic steps on
-    ``ft``'s replay with ``ft``'s residual fixed as the policy it evaluates; score candidates with
-    its ``q_value(states (N, D), actions (N, m)) -> (N,)``. ``bar`` advances once per update."""
+def refit_critic(ft, entry: str, updates: int, seed: int = 0, bar=None) -> ResidualLearner:
+    """A learner whose fresh critic (``entry``: its action input, optionally with other critic
+    settings, ``parse_refit``) was trained ``updates`` critic steps on ``ft``'s replay with ``ft``'s
+    residual fixed as the policy it evaluates; score candidates with its
+    ``q_value(states (N, D), actions (N, m)) -> (N,)``. ``bar`` advances once per update."""
+    treatment, overrides = parse_refit(entry)
     lc = ft.learner.cfg  # the run learner's own (its q_min accounts for a takeover penalty; the spec's does not)
     # the actor never steps (its warm-up outlasts the refit): the critic evaluates the run's residual
-    cfg = dataclasses.replace(lc, critic_warmup_updates=updates + 1)
+    cfg = dataclasses.replace(lc, critic_warmup_updates=updates + 1, **overrides)
     src = ft.learner
     learner = ResidualLearner(cfg, src.state_dim, src.action_dim, seed=seed, device="cpu")
     for name in ("actor", "actor_target"):
@@ -87,7 +93,7 @@ def refit_scores(ft, treatments: list[str], updates: int, states: np.ndarray, ac
     for treatment in treatments:
         try:
             learner = refit_critic(ft, treatment, updates, seed, bar)
-        except LearnerDiverged as exc:  # one treatment's failure keeps the others' scores and the labels
+        except (LearnerDiverged, ConfigError) as exc:  # e.g. critic_subset above this run's heads  # one treatment's failure keeps the others' scores and the labels
             print(f"refit {treatment}: {exc}", flush=True)
             out[treatment] = None
             continue
