@@ -645,7 +645,8 @@ class BenchCriticConfig:
     seed_base: int | None = None  # roll-in episode seeds; null = the run's tune seeds
     seed: int = 0  # the perturbations' draws
     # fresh critics with another action input (REFIT_TREATMENTS) and optionally other critic
-    # settings ("residual:critic_heads=10,anchor_ratio=0"), each trained refit_updates critic
+    # settings (double-quoted in the list: 'refit=[executed, "executed:critic_heads=10,anchor_ratio=0"]'),
+    # each trained refit_updates critic
     # steps on the run's replay with its residual fixed, scoring the same candidates
     refit: list[str] = field(default_factory=list)
     refit_updates: int = 30000

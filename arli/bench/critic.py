@@ -524,12 +524,13 @@ def main(cfg: BenchCriticConfig) -> int:
         ax.set_xlabel("Monte-Carlo return from (s, a)")
         ax.set_ylabel("critic Q(s, a) (mean of heads)")
         ax.legend(fontsize=7)
+    refits = [f'"{e}"' if ":" in e else e for e in cfg.refit]  # Hydra reads no unquoted '=' inside a list
     md = ["# Critic diagnostics: does the critic rank actions?", "",
           f"`arli bench critic 'runs=[{', '.join(cfg.runs)}]' states={cfg.states} episodes={cfg.episodes} "
           f"every={cfg.every} perturbations={cfg.perturbations} perturb_scale={cfg.perturb_scale}"
           + (f" repeats={cfg.repeats}" if cfg.repeats != 1 else "")
           + (f" seed_base={cfg.seed_base}" if cfg.seed_base is not None else "") + f" seed={cfg.seed}"
-          + (f" 'refit=[{', '.join(cfg.refit)}]' refit_updates={cfg.refit_updates}" if cfg.refit else "")
+          + (f" 'refit=[{', '.join(refits)}]' refit_updates={cfg.refit_updates}" if cfg.refit else "")
           + f" name={name}"
           + (f" report_dir={cfg.report_dir}" if cfg.report_dir != "reports" else "")
           + "` — from states the run's residual visits and states the scripted "
