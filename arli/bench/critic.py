@@ -576,8 +576,9 @@ def main(cfg: BenchCriticConfig) -> int:
                "(half A's returns against half B's order) ranked right, paired on the same pairs, with 95% intervals "
                "from a bootstrap over roll-in episodes; pairwise acc. uses the mean of all repeats instead, so it "
                "does not subtract to them.", "",
-               "| run | refit (input: settings) | − the `executed` refit [95% CI] | split halves: labels / critic (pairs) | "
-               "labels − critic [95% CI] | pairwise acc. [95% CI] | − the run's critic [95% CI] |",
+               "| run | refit (input: settings) | − the `executed` refit [95% CI] | "
+               "split halves: labels / critic (pairs) | labels − critic [95% CI] | pairwise acc. [95% CI] | "
+               "− the run's critic [95% CI] |",
                "|---|---|---|---:|---|---|---|"]
         for r in results:
             for t, res in r.get("refits", {}).items():

@@ -1,4 +1,4 @@
-"""Offline refits of a run's critic with another action input, for ``arli bench critic refit=[...]``.
+"""Offline refits of a run's critic (another action input or critic settings): ``arli bench critic refit=[...]``.
 
 The learner's critic sees the executed action ``a = clip(b + scale * r)`` (m of its D + m
 inputs, in action units). The actions its replay holds at one state differ by the run's
@@ -7,8 +7,8 @@ normalised observation. A refit asks whether the critic ranks such moves once it
 the data's scale. Each treatment trains a fresh critic on the run's own replay (online and
 anchor rows, the learner's batch mix, TD targets, target heads and smoothing) for ``updates``
 critic steps while the run's residual stays fixed: the learner's own off-policy TD evaluation
-of that residual (the judged Monte-Carlo returns continue with it). The same candidates on the same states are then
-scored by every refit, so treatments are compared on identical labels.
+of that residual (the judged Monte-Carlo returns continue with it). The same candidates on the
+same states are then scored by every refit, so treatments are compared on identical labels.
 
 Treatments (``TREATMENTS``):
 
@@ -93,7 +93,8 @@ def refit_scores(ft, treatments: list[str], updates: int, states: np.ndarray, ac
     for treatment in treatments:
         try:
             learner = refit_critic(ft, treatment, updates, seed, bar)
-        except (LearnerDiverged, ConfigError) as exc:  # e.g. critic_subset above this run's heads  # one treatment's failure keeps the others' scores and the labels
+        except (LearnerDiverged, ConfigError) as exc:
+            # one refit's failure (e.g. critic_subset above this run's heads) keeps the others' scores and the labels
             print(f"refit {treatment}: {exc}", flush=True)
             out[treatment] = None
             continue
