@@ -619,6 +619,7 @@ def parse_refit(entry: str) -> tuple[str, dict[str, int | float]]:
     for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")
         key = key.strip()
+        require(key not in overrides, "refit", f"each setting once per entry ({key} twice)", entry)
         require(bool(eq) and key in REFIT_SETTINGS, "refit", f"settings '<field>=<value>' with <field> one of "
                 f"{list(REFIT_SETTINGS)} (gamma and n_step are fixed by the replay's n-step rows)", entry)
         kind = type(getattr(LearnerConfig, key))
@@ -644,10 +645,9 @@ class BenchCriticConfig:
     repeats: int = 1
     seed_base: int | None = None  # roll-in episode seeds; null = the run's tune seeds
     seed: int = 0  # the perturbations' draws
-    # fresh critics with another action input (REFIT_TREATMENTS) and optionally other critic
-    # settings (double-quoted in the list: 'refit=[executed, "executed:critic_heads=10,anchor_ratio=0"]'),
-    # each trained refit_updates critic
-    # steps on the run's replay with its residual fixed, scoring the same candidates
+    # fresh critics with another action input (REFIT_TREATMENTS) and optionally other critic settings
+    # (double-quoted in the list: 'refit=[executed, "executed:critic_heads=10,anchor_ratio=0"]'), each
+    # trained refit_updates critic steps on the run's replay with its residual fixed, scoring the same candidates
     refit: list[str] = field(default_factory=list)
     refit_updates: int = 30000
     workers: int = 1  # runs judged in parallel processes (one torch thread each)
@@ -667,10 +667,12 @@ class BenchCriticConfig:
             require(getattr(self, name) >= 1, name, ">= 1", getattr(self, name))
         require(self.perturbations >= 0, "perturbations", ">= 0", self.perturbations)
         require(self.perturb_scale > 0, "perturb_scale", "> 0", self.perturb_scale)
-        require(isinstance(self.refit, list) and len(set(map(str, self.refit))) == len(self.refit), "refit",
-                "a list of distinct entries '<input>' or '<input>:<field>=<value>,...'", self.refit)
-        for entry in self.refit:
-            parse_refit(entry)
+        require(isinstance(self.refit, list), "refit", "a list of entries '<input>' or '<input>:<field>=<value>,...'",
+                self.refit)
+        # distinct as critics, not as strings: "executed" and "executed:" train the same one
+        parsed = [(t, tuple(sorted(o.items()))) for t, o in map(parse_refit, self.refit)]
+        require(len(set(parsed)) == len(parsed), "refit", "distinct critics (two entries here train the same one)",
+                self.refit)
         require(self.refit_updates >= 1, "refit_updates", ">= 1", self.refit_updates)
         # refits are compared on the split halves' pairs, which need two rollouts per candidate
         require(not self.refit or self.repeats >= 2, "repeats", ">= 2 with refit (the refits are compared on "

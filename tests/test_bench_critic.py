@@ -399,6 +399,12 @@ def test_refit_settings_are_checked_before_anything_runs():
         parse_refit("executed:critic_heads=many")
     with pytest.raises(ConfigError, match="refit"):
         BenchCriticConfig(runs=["a"], refit=["executed", "executed:tau"], repeats=2).validate()
+    with pytest.raises(ConfigError, match=r"tau twice"):
+        parse_refit("executed:tau=0.1,tau=0.2")
+    with pytest.raises(ConfigError, match="distinct critics"):
+        BenchCriticConfig(runs=["a"], refit=["executed", "executed:"], repeats=2).validate()
+    with pytest.raises(ConfigError, match="distinct critics"):
+        BenchCriticConfig(runs=["a"], refit=["residual:tau=0.01", "residual:tau=0.010"], repeats=2).validate()
 
 
 def test_a_report_with_refits_shows_them_and_is_rebuilt_only_by_the_same_refits(monkeypatch, tmp_path, capsys):
