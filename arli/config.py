@@ -643,7 +643,7 @@ class BenchCriticConfig:
     # rollouts per candidate, each under its own draw of the base's sampling noise; their mean is
     # the Monte-Carlo Q, and with >= 2 the report adds the labels' split-half reliability
     repeats: int = 1
-    seed_base: int | None = None  # roll-in episode seeds; null = the run's tune seeds
+    seed_base: int | None = None  # roll-in episode seeds; null = the run's tune seeds (its test seeds: refused)
     seed: int = 0  # the perturbations' draws
     # fresh critics with another action input (REFIT_TREATMENTS) and optionally other critic settings
     # (double-quoted in the list: 'refit=[executed, "executed:critic_heads=10,anchor_ratio=0"]'), each

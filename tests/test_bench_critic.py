@@ -225,6 +225,22 @@ def test_repeats_are_refused_on_a_base_that_draws_no_noise():
     check_repeats(SimpleNamespace(base=SimpleNamespace(_gen=torch.Generator())), 4, "runs/a")
 
 
+def test_roll_in_seeds_are_the_tune_seeds_or_a_range_clear_of_the_test_seeds():
+    from types import SimpleNamespace
+
+    from arli.bench.critic import roll_in_seeds
+    from arli.errors import ConfigError
+
+    spec = SimpleNamespace(tune_seed=10_000, test_seed=5_000_000, test_episodes=200)
+    assert roll_in_seeds(spec, None, 3) == [10_000, 10_001, 10_002]
+    assert roll_in_seeds(spec, 20_000, 2) == [20_000, 20_001]
+    assert roll_in_seeds(spec, 4_999_990, 10) == list(range(4_999_990, 5_000_000))  # ends just before them
+    for base, n in ((5_000_000, 1), (4_999_995, 10), (5_000_199, 5)):
+        with pytest.raises(ConfigError, match=r"seed_base: .* overlaps the run's test seeds 5000000..5000199"):
+            roll_in_seeds(spec, base, n)
+    assert roll_in_seeds(spec, 5_000_200, 3)[0] == 5_000_200  # just after them
+
+
 def test_the_critics_shortfall_against_its_labels_carries_a_bootstrap_interval_over_states():
     from arli.bench.critic import split_half
 

@@ -300,6 +300,21 @@ def check_repeats(ft, repeats: int, run_dir: str) -> None:
                           "use repeats=1 with it")
 
 
+def roll_in_seeds(spec, seed_base: int | None, episodes: int) -> list[int]:
+    """The roll-in episodes' seeds: the run's tune seeds, or ``seed_base``.. where that range
+    stays clear of the run's test seeds (a diagnostic that judges settings never sees those)."""
+    if seed_base is None:
+        return list(range(spec.tune_seed, spec.tune_seed + episodes))
+    test = range(spec.test_seed, spec.test_seed + spec.test_episodes)
+    if seed_base < test.stop and test.start < seed_base + episodes:
+        from arli.errors import ConfigError  # noqa: PLC0415
+
+        raise ConfigError(f"seed_base: {seed_base}..{seed_base + episodes - 1} overlaps the run's test seeds "
+                          f"{test.start}..{test.stop - 1}, which only final numbers may use; leave seed_base unset "
+                          f"(the run's tune seeds {spec.tune_seed}..) or move it clear of them")
+    return list(range(seed_base, seed_base + episodes))
+
+
 def judge_run(run_dir: str, cfg: BenchCriticConfig, bar=None) -> dict:
     """One run's critic against Monte-Carlo returns on its own states; ``bar`` (optional)
     advances by one per judged state."""
@@ -310,8 +325,8 @@ def judge_run(run_dir: str, cfg: BenchCriticConfig, bar=None) -> dict:
     ft.load(os.path.join(run_dir, "checkpoint"))
     check_repeats(ft, cfg.repeats, run_dir)
     spec, lc = run_cfg.run, run_cfg.run.learner
-    seed_base = spec.tune_seed if cfg.seed_base is None else cfg.seed_base
-    seeds = list(range(seed_base, seed_base + cfg.episodes))
+    seeds = roll_in_seeds(spec, cfg.seed_base, cfg.episodes)
+    seed_base = seeds[0]
     rng = np.random.default_rng(cfg.seed)
     sources = ["policy"] + (["expert"] if ft.expert is not None else [])
     T = ft.env.unwrapped.max_episode_steps
