@@ -235,10 +235,29 @@ def test_roll_in_seeds_are_the_tune_seeds_or_a_range_clear_of_the_test_seeds():
     assert roll_in_seeds(spec, None, 3) == [10_000, 10_001, 10_002]
     assert roll_in_seeds(spec, 20_000, 2) == [20_000, 20_001]
     assert roll_in_seeds(spec, 4_999_990, 10) == list(range(4_999_990, 5_000_000))  # ends just before them
-    for base, n in ((5_000_000, 1), (4_999_995, 10), (5_000_199, 5)):
-        with pytest.raises(ConfigError, match=r"seed_base: .* overlaps the run's test seeds 5000000..5000199"):
+    for base, n in ((5_000_000, 1), (4_999_995, 10), (5_000_199, 5), (4_000_000, 2_000_000)):  # the last encloses them
+        with pytest.raises(ConfigError, match=r"seed_base: .* overlaps the test seeds 5000000..5000199"):
             roll_in_seeds(spec, base, n)
     assert roll_in_seeds(spec, 5_000_200, 3)[0] == 5_000_200  # just after them
+    few = SimpleNamespace(tune_seed=10_000, test_seed=5_000_000, test_episodes=20)  # a run evaluated on fewer
+    with pytest.raises(ConfigError, match="overlaps the test seeds 5000000..5000199"):
+        roll_in_seeds(few, 5_000_100, 5)  # still the reported numbers' test seeds
+
+
+def test_a_seed_base_on_the_test_seeds_is_refused_before_any_run_is_judged(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    import arli.runs
+    from arli.bench import critic
+    from arli.config import BenchCriticConfig
+    from arli.errors import ConfigError
+
+    spec = SimpleNamespace(tune_seed=10_000, test_seed=5_000_000, test_episodes=200)
+    monkeypatch.setattr(arli.runs, "load_run_config", lambda run: SimpleNamespace(run=spec))
+    monkeypatch.setattr(critic, "judge_runs", lambda cfg, sources: pytest.fail("judged a run"))
+    cfg = BenchCriticConfig(runs=["runs/a", "runs/b"], seed_base=5_000_050, report_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="seed_base: 5000050..5000059 overlaps the test seeds"):
+        critic.main(cfg)
 
 
 def test_the_critics_shortfall_against_its_labels_carries_a_bootstrap_interval_over_states():

@@ -302,17 +302,21 @@ def check_repeats(ft, repeats: int, run_dir: str) -> None:
 
 def roll_in_seeds(spec, seed_base: int | None, episodes: int) -> list[int]:
     """The roll-in episodes' seeds: the run's tune seeds, or ``seed_base``.. where that range
-    stays clear of the run's test seeds (a diagnostic that judges settings never sees those)."""
+    stays clear of the test seeds (a diagnostic that judges settings never sees those), at least
+    the ``REPORTED_TEST_EPISODES`` that reported numbers use even where the run evaluated fewer."""
+    from arli.rl.config import REPORTED_TEST_EPISODES, disjoint  # noqa: PLC0415
+
     if seed_base is None:
         return list(range(spec.tune_seed, spec.tune_seed + episodes))
-    test = range(spec.test_seed, spec.test_seed + spec.test_episodes)
-    if seed_base < test.stop and test.start < seed_base + episodes:
+    seeds = range(seed_base, seed_base + episodes)
+    test = range(spec.test_seed, spec.test_seed + max(spec.test_episodes, REPORTED_TEST_EPISODES))
+    if not disjoint(seeds, test):
         from arli.errors import ConfigError  # noqa: PLC0415
 
-        raise ConfigError(f"seed_base: {seed_base}..{seed_base + episodes - 1} overlaps the run's test seeds "
-                          f"{test.start}..{test.stop - 1}, which only final numbers may use; leave seed_base unset "
+        raise ConfigError(f"seed_base: {seeds.start}..{seeds.stop - 1} overlaps the test seeds {test.start}.."
+                          f"{test.stop - 1}, which only final numbers may use; leave seed_base unset "
                           f"(the run's tune seeds {spec.tune_seed}..) or move it clear of them")
-    return list(range(seed_base, seed_base + episodes))
+    return list(seeds)
 
 
 def judge_run(run_dir: str, cfg: BenchCriticConfig, bar=None) -> dict:
@@ -516,6 +520,11 @@ def main(cfg: BenchCriticConfig) -> int:
         raise ConfigError("runs: expected at least one `arli finetune` run directory, e.g. "
                           "'runs=[outputs/finetune_peg_insert_arli_d8_<time>]'")
     torch.set_num_threads(1)
+    if cfg.seed_base is not None and not cfg.report_only:  # refused before any run is judged
+        from arli.runs import load_run_config  # noqa: PLC0415
+
+        for run in cfg.runs:
+            roll_in_seeds(load_run_config(run).run, cfg.seed_base, cfg.episodes)
     if cfg.report_only:
         results, machine = rebuilt(cfg)
     else:
