@@ -226,12 +226,11 @@ def test_repeats_are_refused_on_a_base_that_draws_no_noise():
 
 
 def test_roll_in_seeds_are_the_tune_seeds_or_a_range_clear_of_the_test_seeds():
-    from types import SimpleNamespace
-
     from arli.bench.critic import roll_in_seeds
     from arli.errors import ConfigError
+    from arli.rl.config import RunSpec
 
-    spec = SimpleNamespace(tune_seed=10_000, test_seed=5_000_000, test_episodes=200)
+    spec = RunSpec(tune_seed=10_000, test_seed=5_000_000, test_episodes=200)
     assert roll_in_seeds(spec, None, 3) == [10_000, 10_001, 10_002]
     assert roll_in_seeds(spec, 20_000, 2) == [20_000, 20_001]
     assert roll_in_seeds(spec, 4_999_990, 10) == list(range(4_999_990, 5_000_000))  # ends just before them
@@ -239,7 +238,7 @@ def test_roll_in_seeds_are_the_tune_seeds_or_a_range_clear_of_the_test_seeds():
         with pytest.raises(ConfigError, match=r"seed_base: .* overlaps the test seeds 5000000..5000199"):
             roll_in_seeds(spec, base, n)
     assert roll_in_seeds(spec, 5_000_200, 3)[0] == 5_000_200  # just after them
-    few = SimpleNamespace(tune_seed=10_000, test_seed=5_000_000, test_episodes=20)  # a run evaluated on fewer
+    few = RunSpec(tune_seed=10_000, test_seed=5_000_000, test_episodes=20)  # a run evaluated on fewer
     with pytest.raises(ConfigError, match="overlaps the test seeds 5000000..5000199"):
         roll_in_seeds(few, 5_000_100, 5)  # still the reported numbers' test seeds
 
@@ -251,8 +250,9 @@ def test_a_seed_base_on_the_test_seeds_is_refused_before_any_run_is_judged(monke
     from arli.bench import critic
     from arli.config import BenchCriticConfig
     from arli.errors import ConfigError
+    from arli.rl.config import RunSpec
 
-    spec = SimpleNamespace(tune_seed=10_000, test_seed=5_000_000, test_episodes=200)
+    spec = RunSpec(tune_seed=10_000, test_seed=5_000_000, test_episodes=200)
     monkeypatch.setattr(arli.runs, "load_run_config", lambda run: SimpleNamespace(run=spec))
     monkeypatch.setattr(critic, "judge_runs", lambda cfg, sources: pytest.fail("judged a run"))
     cfg = BenchCriticConfig(runs=["runs/a", "runs/b"], seed_base=5_000_050, report_dir=str(tmp_path))

@@ -308,8 +308,8 @@ def roll_in_seeds(spec, seed_base: int | None, episodes: int) -> list[int]:
 
     if seed_base is None:
         return list(range(spec.tune_seed, spec.tune_seed + episodes))
-    seeds = range(seed_base, seed_base + episodes)
-    test = range(spec.test_seed, spec.test_seed + max(spec.test_episodes, REPORTED_TEST_EPISODES))
+    seeds, run_test = range(seed_base, seed_base + episodes), spec.test_range()
+    test = range(run_test.start, max(run_test.stop, run_test.start + REPORTED_TEST_EPISODES))
     if not disjoint(seeds, test):
         from arli.errors import ConfigError  # noqa: PLC0415
 
