@@ -80,6 +80,13 @@ def test_runs_are_pooled_per_seed_and_paired(tmp_path):
     assert report["seeds"] == 2 and report["cells"]["final"]["per_seed"] == [0.75, 0.5]
     assert report["cells"]["final"]["success"] == 0.625 and report["gains"]["final-start"]["mean"] == 0.25
     assert report["target"] is None
+    # 4 test episodes and 2 training seeds: written, and marked as below the protocol reported numbers need
+    assert report["protocol"]["met"] is False and len(report["protocol"]["shortfalls"]) == 2
+    assert "**Below the evaluation protocol** (4 test episodes" in (tmp_path / "pooled.md").read_text()
+    three = [_run(tmp_path / f"p{s}", 5, [1, 0] * 100, [0, 0] * 100, [0, 0] * 100) for s in range(3)]
+    assert main(compose("bench_runs", [f"runs=[{','.join(three)}]", "name=met", f"report_dir={tmp_path}"])) == 0
+    assert json.loads((tmp_path / "met.json").read_text())["protocol"]["met"] is True
+    assert "Below the evaluation protocol" not in (tmp_path / "met.md").read_text()
     # a target is judged by the deployed residual's interval: reached only when its lower end clears it
     low = [_run(tmp_path / n, 5, f, [0, 0, 0, 0], [0, 0, 0, 0]) for n, f in (("la", [0, 0, 0, 1]), ("lb", [0] * 4))]
     for runs, target, judged in (([a, b], 0.1, "above"), ([a, b], 0.6, "unresolved"), (low, 0.9, "below")):
@@ -225,3 +232,15 @@ def test_a_control_is_named_in_its_report_and_never_pooled_with_the_method(tmp_p
     assert f"`[{', '.join(ctl)}]` (uniform_control)" in (tmp_path / "v.md").read_text()
     with pytest.raises(ConfigError, match="mix learners.*uniform_control"):
         main(compose("bench_runs", [f"runs=[{own[0]},{ctl[1]}]", f"report_dir={tmp_path}"]))
+
+
+def test_the_protocol_names_each_shortfall_at_its_edge():
+    from arli.bench.common import protocol
+
+    assert protocol(200, 3)["met"] and protocol(200, 3)["shortfalls"] == []
+    assert protocol(199, 3)["shortfalls"] == ["199 test episodes (reported numbers need >= 200)"]
+    assert protocol(200, 2)["shortfalls"] == ["2 training seeds (reported cells need >= 3)"]
+    assert protocol(50, 1) == {"met": False, "test_episodes": 50, "training_seeds": 1,
+                               "required": {"test_episodes": 200, "training_seeds": 3},
+                               "shortfalls": ["50 test episodes (reported numbers need >= 200)",
+                                              "1 training seed (reported cells need >= 3)"]}

@@ -328,6 +328,10 @@ def test_the_report_writes_every_required_field(tmp_path):
     assert set(report) >= {"env", "regime", "budget", "eval", "cells", "ceiling", "verdicts", "missing"}
     assert report["env"] == "peg_insert" and report["regime"] == "rl" and report["budget"] == cfg.budget == 100_000
     assert report["eval"] == {"split": "test", "seed_base": 5_000_000, "episodes": 100}
+    # 100 test episodes and 2 training seeds: the report says it is below the protocol, naming both
+    assert report["protocol"]["met"] is False and report["protocol"]["training_seeds"] == 2
+    assert "**Below the evaluation protocol** (100 test episodes (reported numbers need >= 200); 2 training seeds" \
+        in (tmp_path / "latency_sweep_test.md").read_text()
     # which demonstrator made the anchor data: the default changed once, so the report says it
     assert report["demonstrations"] == "bounded"
     assert "anchor data from `run.demonstrations=bounded`" in (tmp_path / "latency_sweep_test.md").read_text()
@@ -465,6 +469,7 @@ def test_a_start_the_guard_replaced_by_the_base_is_named_in_the_cell():
     """A start whose test outcomes are exactly the base's (in the residual's loop) is the base
     (the start guard dropped the anchored start): the cell lists those seeds and the report says
     so; a start that differs on any episode is not listed."""
+    from arli.bench.common import protocol
     from arli.bench.latency_sweep import aggregate, markdown
 
     cfg = _cfg("delay_steps=[4]", "variants=[base_naive,arli]")
@@ -477,11 +482,13 @@ def test_a_start_the_guard_replaced_by_the_base_is_named_in_the_cell():
     assert cell["outcomes_by_seed"]["0"] == "1" * 60 + "0" * 40
     assert cell["start_outcomes_by_seed"]["1"] == "0" * 70 + "1" * 30
     md = markdown({"cells": [cell], "ceiling": [], "eval": {"episodes": 100, "seed_base": 5_000_000},
-                   "command": "arli bench latency-sweep", "checkpoint_digest": "x", "verdicts": [], "machine": {}}, cfg)
+                   "command": "arli bench latency-sweep", "checkpoint_digest": "x", "verdicts": [], "machine": {},
+                   "protocol": protocol(100, 2)}, cfg)
     assert "(= the base's outcomes on seeds [0])" in md
 
 
 def test_seeds_where_the_end_guard_deployed_the_start_are_named_in_the_cell():
+    from arli.bench.common import protocol
     from arli.bench.latency_sweep import aggregate, markdown
 
     cfg = _cfg("delay_steps=[4]", "variants=[base_naive,arli]")
@@ -493,7 +500,8 @@ def test_seeds_where_the_end_guard_deployed_the_start_are_named_in_the_cell():
     (cell,) = [c for c in aggregate(rows, cfg) if c["variant"] == "arli"]
     assert cell["start_deployed_seeds"] == [0]
     md = markdown({"cells": [cell], "ceiling": [], "eval": {"episodes": 100, "seed_base": 5_000_000},
-                   "command": "arli bench latency-sweep", "checkpoint_digest": "x", "verdicts": [], "machine": {}}, cfg)
+                   "command": "arli bench latency-sweep", "checkpoint_digest": "x", "verdicts": [], "machine": {},
+                   "protocol": protocol(100, 2)}, cfg)
     assert "(end guard: the start deployed on seeds [0])" in md
 
 

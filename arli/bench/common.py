@@ -8,6 +8,8 @@ import platform
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from arli.rl.config import REPORTED_TEST_EPISODES
+
 
 def cpu_model() -> str:
     """The CPU's model name (Linux: /proc/cpuinfo), or the platform's processor string: a base
@@ -85,3 +87,29 @@ def success_plot(path: str, title: str, xlabel: str, ylabel: str = "success rate
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=legend_size, ncol=2 if legend_size else 1)
+
+
+REPORTED_TRAINING_SEEDS = 3  # the fewest training seeds a reported cell rests on
+
+
+def protocol(episodes: int, seeds: int) -> dict[str, Any]:
+    """Whether a learning report meets the evaluation protocol that reported numbers need
+    (``REPORTED_TEST_EPISODES`` test episodes, ``REPORTED_TRAINING_SEEDS`` training seeds).
+    A report below it is still written (smoke runs, tests, budget probes) and says so: its
+    verdicts are computed the same way but are not results. ``seeds``: the fewest training
+    seeds any trained cell of the report has."""
+    short = ([f"{episodes} test episodes (reported numbers need >= {REPORTED_TEST_EPISODES})"]
+             if episodes < REPORTED_TEST_EPISODES else [])
+    short += ([f"{seeds} training seed{'s' * (seeds != 1)} (reported cells need >= {REPORTED_TRAINING_SEEDS})"]
+              if seeds < REPORTED_TRAINING_SEEDS else [])
+    return {"met": not short, "test_episodes": episodes, "training_seeds": seeds,
+            "required": {"test_episodes": REPORTED_TEST_EPISODES, "training_seeds": REPORTED_TRAINING_SEEDS},
+            "shortfalls": short}
+
+
+def protocol_markdown(p: dict[str, Any]) -> str:
+    """The report's line on the protocol: empty where it is met."""
+    if p["met"]:
+        return ""
+    return (f"**Below the evaluation protocol** ({'; '.join(p['shortfalls'])}): the numbers and verdicts below "
+            "are computed as for a reported result but are not one.\n\n")

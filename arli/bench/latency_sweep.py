@@ -40,7 +40,9 @@ from arli.bench.provenance import (  # noqa: E402, I001
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from arli.bench.common import machine_info, print_last_line_json, success_plot, write_report  # noqa: E402
+from arli.bench.common import (  # noqa: E402
+    machine_info, print_last_line_json, protocol, protocol_markdown, success_plot, write_report,
+)
 from arli.config import DEFAULT_SWEEP_VARIANTS, LatencySweepConfig  # noqa: E402
 from arli.policies.load import policy_digest  # noqa: E402
 from arli.pretrain import ensure_base_policy  # noqa: E402
@@ -606,7 +608,7 @@ def report(rows: list[dict], cfg: LatencySweepConfig, missing: list) -> tuple[di
     payload = {"env": cfg.env.name, "regime": cfg.run.regime, "budget": cfg.budget,
                "demonstrations": cfg.run.demonstrations,
                "eval": {"split": "test", "seed_base": cfg.run.test_seed, "episodes": cfg.eval_episodes},
-               "cells": public(cells), "ceiling": ceiling, "verdicts": checks,
+               "protocol": protocol(cfg.eval_episodes, len(cfg.seeds)), "cells": public(cells), "ceiling": ceiling, "verdicts": checks,
                "missing": [list(c) for c in missing], "runs": list(cfg.runs), "checkpoint": cfg.checkpoint,
                "checkpoint_digest": base_digest(cfg), "command": command(cfg),
                "machine": machine_info()}
@@ -743,7 +745,7 @@ def markdown(p: dict, cfg: LatencySweepConfig) -> str:
                     f"— | {c['success']:.3f}{_ci(c['ci95'])} | — | — | — |")
     return (
         f"# Latency sweep — `{cfg.env.name}`\n\n"
-        f"Command: `{p['command']}`\n\n"
+        f"Command: `{p['command']}`\n\n" + protocol_markdown(p["protocol"])
         + (f"Rebuilt from the committed cells of base `{p['rebuilt_from_cells_of_base']}` (`report_only=true "
            f"base_digest={p['rebuilt_from_cells_of_base']}`): they ran on a machine whose `arli pretrain` trains "
            "that base; the machine below is where the report was rebuilt.\n\n"

@@ -15,7 +15,9 @@ import os
 
 import numpy as np
 
-from arli.bench.common import machine_info, print_last_line_json, success_plot, write_report
+from arli.bench.common import (
+    machine_info, print_last_line_json, protocol, protocol_markdown, success_plot, write_report,
+)
 from arli.config import BenchRunsConfig, ConfigError
 from arli.stats import gain_ci, success_ci, verdict
 
@@ -233,7 +235,8 @@ def main(cfg: BenchRunsConfig) -> int:
     runs_curves = curves(summaries)
     marks = budget_marks(runs_curves) if runs_curves else []
     payload = {**{k: s0[k] for k in keys}, "control": control, "env_steps": [s["env_steps"] for s in summaries],
-               "eval": evals[0]["split"], "runs": list(cfg.runs), "seeds": len(cfg.runs), "cells": cells,
+               "eval": evals[0]["split"], "runs": list(cfg.runs), "seeds": len(cfg.runs),
+               "protocol": protocol(evals[0]["split"]["episodes"], len(cfg.runs)), "cells": cells,
                "demonstrations": demo, "base_digests": list(bases.values()),
                "target": target, "gains": gains, "reference_runs": list(cfg.reference), "reference": reference,
                "end_guard": [s.get("end_guard") for s in summaries], "curve_eval": s0.get("curve_eval"),
@@ -248,6 +251,7 @@ def main(cfg: BenchRunsConfig) -> int:
           f"start and finetuned residual on the same {evals[0]['split']['episodes']} test episodes (seeds "
           f"{evals[0]['split']['seed_base']}..); 95% two-level bootstrap over training seeds and episodes; anchor "
           f"data from `run.demonstrations={demo or 'unknown (no config.yaml)'}`; {base_label(bases)}.", "",
+          *([protocol_markdown(payload["protocol"]).strip(), ""] if not payload["protocol"]["met"] else []),
           "| policy | success | 95% CI | per seed |", "|---|---:|---:|---|"]
     labels = {"base": "base alone", "start": "anchored start (0 online steps)", "final": "after RL (deployed)",
               "trained": "after RL, as trained (before the end guard)"}
