@@ -18,6 +18,7 @@ checkpoint and its pretraining), for every command that runs the base on a sim t
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -542,6 +543,8 @@ class BenchRunsConfig:
 
     def validate(self) -> None:
         require(all(isinstance(r, str) and r for r in self.runs), "runs", "a list of run directories", self.runs)
+        require(len({os.path.normpath(r) for r in self.runs}) == len(self.runs), "runs",
+                "each run directory once", self.runs)
         require(self.target is None or 0 < self.target < 1, "target", "a success rate in (0, 1), or null",
                 self.target)
         require(self.margin is None or -1 < self.margin < 1, "margin", "a success difference in (-1, 1), or null",

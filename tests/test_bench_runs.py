@@ -244,3 +244,19 @@ def test_the_protocol_names_each_shortfall_at_its_edge():
                                "required": {"test_episodes": 200, "training_seeds": 3},
                                "shortfalls": ["50 test episodes (reported numbers need >= 200)",
                                               "1 training seed (reported cells need >= 3)"]}
+
+
+def test_a_training_seed_or_a_directory_given_twice_is_refused(tmp_path):
+    """Two runs of one training seed would count as two seeds in the interval and the protocol."""
+    a = _run(tmp_path / "a", 5, [1, 0] * 100, [0] * 200, [0] * 200)
+    b = _run(tmp_path / "b", 5, [1, 1] * 100, [0] * 200, [0] * 200)
+    c = _run(tmp_path / "c", 5, [0, 1] * 100, [0] * 200, [0] * 200)
+    for d, seed in ((a, 10), (b, 11), (c, 10)):
+        (tmp_path / d / "config.yaml").write_text(f"run:\n  seed: {seed}\n")
+    with pytest.raises(ConfigError, match=r"training seed \[10\] appear more than once .*a: seed 10, .*c: seed 10"):
+        main(compose("bench_runs", [f"runs=[{a},{b},{c}]", f"report_dir={tmp_path}"]))
+    with pytest.raises(ConfigError, match="each run directory once"):
+        compose("bench_runs", [f"runs=[{a},{b},{a}/]", f"report_dir={tmp_path}"])
+    (tmp_path / c / "config.yaml").write_text("run:\n  seed: 12\n")
+    assert main(compose("bench_runs", [f"runs=[{a},{b},{c}]", "name=three", f"report_dir={tmp_path}"])) == 0
+    assert json.loads((tmp_path / "three.json").read_text())["protocol"]["met"] is True

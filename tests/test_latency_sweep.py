@@ -332,6 +332,13 @@ def test_the_report_writes_every_required_field(tmp_path):
     assert report["protocol"]["met"] is False and report["protocol"]["training_seeds"] == 2
     assert "**Below the evaluation protocol** (100 test episodes (reported numbers need >= 200); 2 training seeds" \
         in (tmp_path / "latency_sweep_test.md").read_text()
+    # the same cells judged as a 200-episode, 3-seed sweep's would be: no banner (a base-and-ceiling sweep has no
+    # training seed to count)
+    from arli.bench.common import protocol
+
+    assert protocol(200, 3)["met"] and protocol(200, None)["met"] and not protocol(100, None)["met"]
+    met = ls.markdown({**report, "protocol": protocol(200, 3)}, cfg)
+    assert "Below the evaluation protocol" not in met and met.count("| arli | 4 |") == 1
     # which demonstrator made the anchor data: the default changed once, so the report says it
     assert report["demonstrations"] == "bounded"
     assert "anchor data from `run.demonstrations=bounded`" in (tmp_path / "latency_sweep_test.md").read_text()

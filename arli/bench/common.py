@@ -92,16 +92,17 @@ def success_plot(path: str, title: str, xlabel: str, ylabel: str = "success rate
 REPORTED_TRAINING_SEEDS = 3  # the fewest training seeds a reported cell rests on
 
 
-def protocol(episodes: int, seeds: int) -> dict[str, Any]:
+def protocol(episodes: int, seeds: int | None) -> dict[str, Any]:
     """Whether a learning report meets the evaluation protocol that reported numbers need
     (``REPORTED_TEST_EPISODES`` test episodes, ``REPORTED_TRAINING_SEEDS`` training seeds).
     A report below it is still written (smoke runs, tests, budget probes) and says so: its
-    verdicts are computed the same way but are not results. ``seeds``: the fewest training
-    seeds any trained cell of the report has."""
+    verdicts are computed the same way but are not results. ``seeds``: the training seeds
+    every cell a verdict rests on has (a sweep's partial cells enter none); None where no
+    cell is trained (the base alone, the ceiling)."""
     short = ([f"{episodes} test episodes (reported numbers need >= {REPORTED_TEST_EPISODES})"]
              if episodes < REPORTED_TEST_EPISODES else [])
     short += ([f"{seeds} training seed{'s' * (seeds != 1)} (reported cells need >= {REPORTED_TRAINING_SEEDS})"]
-              if seeds < REPORTED_TRAINING_SEEDS else [])
+              if seeds is not None and seeds < REPORTED_TRAINING_SEEDS else [])
     return {"met": not short, "test_episodes": episodes, "training_seeds": seeds,
             "required": {"test_episodes": REPORTED_TEST_EPISODES, "training_seeds": REPORTED_TRAINING_SEEDS},
             "shortfalls": short}

@@ -608,7 +608,9 @@ def report(rows: list[dict], cfg: LatencySweepConfig, missing: list) -> tuple[di
     payload = {"env": cfg.env.name, "regime": cfg.run.regime, "budget": cfg.budget,
                "demonstrations": cfg.run.demonstrations,
                "eval": {"split": "test", "seed_base": cfg.run.test_seed, "episodes": cfg.eval_episodes},
-               "protocol": protocol(cfg.eval_episodes, len(cfg.seeds)), "cells": public(cells), "ceiling": ceiling, "verdicts": checks,
+               "protocol": protocol(cfg.eval_episodes,
+                                    None if all(seedless(v) for v in cfg.variants) else len(cfg.seeds)),
+               "cells": public(cells), "ceiling": ceiling, "verdicts": checks,
                "missing": [list(c) for c in missing], "runs": list(cfg.runs), "checkpoint": cfg.checkpoint,
                "checkpoint_digest": base_digest(cfg), "command": command(cfg),
                "machine": machine_info()}

@@ -198,6 +198,12 @@ def main(cfg: BenchRunsConfig) -> int:
         raise ConfigError(f"runs: they mix learners ({learners}); pool runs of one setting, and compare a control "
                           "with reference=[...]")
     (control,) = controls
+    seeds = {d: training_seed(d) for d in cfg.runs}
+    repeated = sorted({x for x in seeds.values() if x is not None and list(seeds.values()).count(x) > 1})
+    if repeated:  # two runs of one seed are one training seed's draw twice, not two seeds
+        raise ConfigError(f"runs: training seed{'s' * (len(repeated) > 1)} {repeated} appear more than once "
+                          f"({', '.join(f'{d}: seed {x}' for d, x in seeds.items() if x in repeated)}); "
+                          "pool one run per training seed")
     splits = {json.dumps(e["split"], sort_keys=True) for e in evals}
     if len(splits) != 1 or evals[0]["split"]["split"] != "test":
         raise ConfigError(f"runs: the runs must share one test split to be pooled, got {sorted(splits)}")
@@ -236,7 +242,8 @@ def main(cfg: BenchRunsConfig) -> int:
     marks = budget_marks(runs_curves) if runs_curves else []
     payload = {**{k: s0[k] for k in keys}, "control": control, "env_steps": [s["env_steps"] for s in summaries],
                "eval": evals[0]["split"], "runs": list(cfg.runs), "seeds": len(cfg.runs),
-               "protocol": protocol(evals[0]["split"]["episodes"], len(cfg.runs)), "cells": cells,
+               "cells": cells,
+               "protocol": protocol(evals[0]["split"]["episodes"], len(cfg.runs)),  # one run per seed (refused above)
                "demonstrations": demo, "base_digests": list(bases.values()),
                "target": target, "gains": gains, "reference_runs": list(cfg.reference), "reference": reference,
                "end_guard": [s.get("end_guard") for s in summaries], "curve_eval": s0.get("curve_eval"),
