@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 
 import numpy as np
 
@@ -199,7 +200,7 @@ def main(cfg: BenchRunsConfig) -> int:
                           "with reference=[...]")
     (control,) = controls
     seeds = {d: training_seed(d) for d in cfg.runs}
-    repeated = sorted({x for x in seeds.values() if x is not None and list(seeds.values()).count(x) > 1})
+    repeated = sorted(x for x, n in Counter(seeds.values()).items() if x is not None and n > 1)
     if repeated:  # two runs of one seed are one training seed's draw twice, not two seeds
         raise ConfigError(f"runs: training seed{'s' * (len(repeated) > 1)} {repeated} appear more than once "
                           f"({', '.join(f'{d}: seed {x}' for d, x in seeds.items() if x in repeated)}); "
