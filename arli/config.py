@@ -425,6 +425,10 @@ class LatencySweepConfig(SimBase):
     # trains another one (CPU kernels sum floats in another order), so a committed report can be
     # rebuilt here; "" = this machine's base
     base_digest: str = ""
+    # how many times these verdicts have been judged on growing sets of training seeds, this one
+    # included (a confirmation that adds seeds to a reported sweep is look 2): each look is judged
+    # at 1 - 0.05 / looks (Bonferroni), so over all looks a false verdict stays below 5%
+    looks: int = 1
     cache: str = "outputs/latency_sweep/cells_${env.name}.jsonl"
     report_dir: str = "reports"
     name: str = "latency_sweep"  # the report: <report_dir>/<name>.{json,md,png}, its rows in <name>/cells.jsonl
@@ -447,7 +451,7 @@ class LatencySweepConfig(SimBase):
                 "naive, blend or rtc (the residual acts inside asynchronous execution)", self.chunking.strategy)
         require(bool(self.name) and not set(self.name) & set("/\\"), "name",
                 "a file name without directories (the report is <report_dir>/<name>.*)", self.name)
-        _positive(self, "eval_episodes", "workers", "threads")
+        _positive(self, "eval_episodes", "workers", "threads", "looks")
         require(all(isinstance(r, str) and r for r in self.runs), "runs", "a list of `arli finetune` run directories",
                 self.runs)
         require(not self.base_digest or self.report_only, "base_digest",

@@ -228,6 +228,43 @@ def test_a_claim_whose_interval_straddles_its_threshold_is_unresolved():
     assert clear["arli@4 >= bc_control@4 + 0.05 (paired CI of the difference)"]["status"] == "holds"
 
 
+def test_a_second_look_judges_every_verdict_at_the_bonferroni_level():
+    """Adding training seeds to a reported sweep and judging again is a second look at the same
+    verdicts: looks=2 judges each at 97.5% (1 - 0.05 / 2), so an ablation gap that clears 0 at
+    95% but not at 97.5% is unresolved there, and the report says which level it used."""
+    from arli.bench.latency_sweep import aggregate, verdict_level, verdict_markdown, verdicts
+
+    arli = [1] * 7 + [0] * 1 + [1] * 50 + [0] * 42  # arli wins 7 episodes of 100 per seed, loses 1, ties the rest
+    ablated = [0] * 7 + [1] * 1 + [1] * 50 + [0] * 42
+    rows = _rows({("arli", 8): (58, 50), ("arli_no_committed", 8): (58, 50), ("base_naive", 8): 10})
+    for r in rows:
+        r["outcomes"] = {"arli": arli, "arli_no_committed": ablated}.get(r["variant"], r["outcomes"])
+    cfg = _cfg("delay_steps=[8]")
+    claim = "arli_no_committed@8 < arli@8 (paired CI of arli_no_committed - arli below 0)"
+    first = {c["claim"]: c for c in verdicts(aggregate(rows, cfg), [], [8])}[claim]
+    assert verdict_level(1) == 0.95 and verdict_level(2) == 0.975
+    second = {c["claim"]: c for c in verdicts(aggregate(rows, cfg), [], [8], level=verdict_level(2))}[claim]
+    assert first["status"] == "holds" and first["values"]["difference_ci95"][1] < 0.0
+    assert "difference_ci97.5" not in first["values"]  # a first look shows the 95% interval only
+    lo95, hi95 = second["values"]["difference_ci95"]
+    lo, hi = second["values"]["difference_ci97.5"]
+    assert (lo95, hi95) == tuple(first["values"]["difference_ci95"]) and lo <= lo95 and hi >= 0.0 > hi95
+    assert second["status"] == "unresolved"
+    # the target and gain rules are judged at the same level
+    both = {c["family"]: c for c in verdicts(aggregate(rows, cfg), [], [8], level=0.975)}
+    assert {"ci97.5", "ci95"} <= set(both["target"]["values"]) and "gain_ci97.5" in both["gain_over_start"]["values"]
+    text = verdict_markdown([second], 200000, looks=2)
+    assert "judged by a 97.5% interval (look 2" in text and "difference_ci97.5 [" in text
+    assert "judged by a 95% interval:" in verdict_markdown([first], 200000)
+    from arli.bench.latency_sweep import command
+
+    assert command(_cfg("looks=2")).endswith(" looks=2") and " looks=" not in command(cfg)
+    from arli.config import ConfigError
+
+    with pytest.raises(ConfigError, match="looks"):
+        _cfg("looks=0")
+
+
 def test_not_below_the_base_holds_when_the_interval_straddles_zero():
     # arli succeeds on 10 episodes the base fails and fails on 12 it solves: -0.02, CI around 0
     from arli.bench.latency_sweep import aggregate, verdicts

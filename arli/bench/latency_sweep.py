@@ -378,10 +378,25 @@ def public(cells: list[dict]) -> list[dict]:
 
 
 # -- verdicts -----------------------------------------------------------------------------
-def paired_difference(a: dict, b: dict) -> dict | None:
-    """mean(a) - mean(b) with its paired 95% interval, on the training seeds both cells have
-    and their shared test episodes (a base-alone ``b``, one row with no seed: its outcomes
-    stand for every seed of ``a``, the base does not depend on one)."""
+VERDICT_ERROR = 0.05  # the chance of a false verdict, over all looks at them (``looks``)
+
+
+def verdict_level(looks: int) -> float:
+    """The confidence level each look at the verdicts is judged at: 1 - 0.05 / looks
+    (Bonferroni: over ``looks`` looks on growing sets of seeds, a false verdict stays below 5%)."""
+    return 1 - VERDICT_ERROR / looks
+
+
+def level_name(level: float) -> str:
+    """95 for 0.95, 97.5 for 0.975: the suffix of an interval's key (``ci95``, ``ci97.5``)."""
+    return f"{level * 100:.4g}"
+
+
+def paired_difference(a: dict, b: dict, level: float = 0.95) -> dict | None:
+    """mean(a) - mean(b) with its paired 95% interval (``ci95``) and its interval at ``level``
+    (``ci``), on the training seeds both cells have and their shared test episodes (a base-alone
+    ``b``, one row with no seed: its outcomes stand for every seed of ``a``, the base does not
+    depend on one)."""
     seeds = sorted(set(a["_outcomes"]) & set(b["_outcomes"]))
     if seeds:
         x = np.array([a["_outcomes"][s] for s in seeds], float)
@@ -391,7 +406,9 @@ def paired_difference(a: dict, b: dict) -> dict | None:
         y = np.array([next(iter(b["_outcomes"].values()))], float)
     else:
         return None
-    return {"mean": _r(x.mean() - y.mean()), "ci95": _interval(gain_ci(x, y)), "seeds": seeds}
+    ci95 = _interval(gain_ci(x, y))
+    return {"mean": _r(x.mean() - y.mean()), "ci95": ci95,
+            "ci": ci95 if level == 0.95 else _interval(gain_ci(x, y, level=level)), "seeds": seeds}
 
 
 def _mean(cell: dict | None) -> float | None:
@@ -423,8 +440,10 @@ def below(ci: list[float], threshold: float) -> bool | None:
     return None if flipped is None else not flipped
 
 
-def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], strategy: str = "naive") -> list[dict]:
-    """The issue's expected results, each judged by an interval: ``status`` is ``holds`` (the
+def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], strategy: str = "naive",
+             level: float = 0.95) -> list[dict]:
+    """The issue's expected results, each judged by an interval at ``level`` (0.95 at a first
+    look; ``verdict_level``): ``status`` is ``holds`` (the
     interval clears the claim), ``fails`` (the interval is entirely on the wrong side),
     ``unresolved`` (it straddles the claim's threshold) or ``not evaluated`` (a cell it needs is
     missing); ``holds`` is True / False for the first two, None otherwise. The gain rule keeps
@@ -432,7 +451,27 @@ def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], strategy
     the interval's lower end clears the margin too); "not below the base" is a do-no-harm
     rule that fails only where the interval shows harm. ``delays``: the
     sweep's delays (the rules "at every delay" run at these and at 0, 4 and 8). A partial
-    cell (fewer training seeds than the sweep's) counts as missing: no verdict rests on it."""
+    cell (fewer training seeds than the sweep's) counts as missing: no verdict rests on it.
+    At another level than 0.95, each verdict's values also give the interval it was judged on
+    (``ci97.5``, ``gain_ci97.5``, ``difference_ci97.5`` at 0.975) beside the 95% one."""
+    judged = "" if level == 0.95 else f"ci{level_name(level)}"
+
+    def success_at(c: dict) -> list[float]:
+        """The cell's success interval at ``level`` (its seeds' finals, in seed order as ``ci95``)."""
+        return c["ci95"] if not judged else _interval(success_ci(np.array(list(c["_outcomes"].values()), float),
+                                                                 level=level))
+
+    def gain_at(c: dict) -> list[float]:
+        if not judged:
+            return c["gain_ci95"]
+        finals = np.array(list(c["_outcomes"].values()), float)
+        starts = np.array([c["_start_outcomes"][s] for s in c["_outcomes"]], float)
+        return _interval(gain_ci(finals, starts, level=level))
+
+    def shown(values: dict, key: str, ci) -> dict:
+        """``values`` with the interval judged on under ``key`` (at another level than 0.95)."""
+        return {**values, key: ci} if judged else values
+
     by = {(c["variant"], c["delay_steps"]): c for c in cells if c.get("complete", True)}
     ceil = {c["delay_steps"]: c["success"] for c in ceiling}
     every = sorted({*TARGETS, *delays})
@@ -449,56 +488,60 @@ def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], strategy
                     "holds": {HOLDS: True, FAILS: False}.get(status), "values": values})
 
     def versus(a: dict | None, b: dict | None) -> dict | None:
-        return None if a is None or b is None else paired_difference(a, b)
+        return None if a is None or b is None else paired_difference(a, b, level)
 
     for d, nominal in TARGETS.items():
         c, top = by.get(("arli", d)), ceil.get(d)
         target = round(top - CEILING_MARGIN, 4) if top is not None and top < nominal else nominal
         rule(f"arli@{d} >= {nominal:.2f} (ceiling@{d} - {CEILING_MARGIN:.2f} where the ceiling is lower; "
              "judged by its CI)", "target",
-             [c], lambda c=c, t=target: at_least(c["ci95"], t),
-             {f"arli@{d}": _mean(c), "ci95": _get(c, "ci95"), f"ceiling@{d}": top, "target": target})
+             [c], lambda c=c, t=target: at_least(success_at(c), t),
+             shown({f"arli@{d}": _mean(c), "ci95": _get(c, "ci95"), f"ceiling@{d}": top, "target": target},
+                   judged, None if c is None else success_at(c)))
     for d in every:
         c = by.get(("arli", d))
 
-        def gain(c=c) -> bool | None:
-            if c["gain_mean"] >= MIN_GAIN and at_least(c["gain_ci95"], 0.0):
+        g = None if c is None else gain_at(c)
+
+        def gain(c=c, g=g) -> bool | None:
+            if c["gain_mean"] >= MIN_GAIN and at_least(g, 0.0):
                 return True
-            return False if at_least(c["gain_ci95"], MIN_GAIN) is False else None
+            return False if at_least(g, MIN_GAIN) is False else None
 
         rule(f"arli@{d} - start@{d} >= {MIN_GAIN:+.2f}, gain CI excludes 0 (the issue's rule; fails: CI below "
              f"{MIN_GAIN:+.2f})", "gain_over_start", [c], gain,
-             {f"arli@{d}": _mean(c), f"start@{d}": _get(c, "start_mean"), "gain": _get(c, "gain_mean"),
-              "gain_ci95": _get(c, "gain_ci95"),
-              "ci_lower_clears_margin": None if c is None else bool(at_least(c["gain_ci95"], MIN_GAIN))})
+             shown({f"arli@{d}": _mean(c), f"start@{d}": _get(c, "start_mean"), "gain": _get(c, "gain_mean"),
+                    "gain_ci95": _get(c, "gain_ci95"),
+                    "ci_lower_clears_margin": None if c is None else bool(at_least(g, MIN_GAIN))},
+                   f"gain_{judged}", g))
     for control in CONTROLS:
         for d in (d for d in every if d > 0):
             a, b = by.get(("arli", d)), by.get((control, d))
             diff = versus(a, b)
             rule(f"arli@{d} >= {control}@{d} + {CONTROL_MARGIN:.2f} (paired CI of the difference)", "controls",
-                 [diff], lambda x=diff: at_least(x["ci95"], CONTROL_MARGIN),
-                 {f"arli@{d}": _mean(a), f"{control}@{d}": _mean(b), "difference": _get(diff, "mean"),
-                  "difference_ci95": _get(diff, "ci95")})
+                 [diff], lambda x=diff: at_least(x["ci"], CONTROL_MARGIN),
+                 shown({f"arli@{d}": _mean(a), f"{control}@{d}": _mean(b), "difference": _get(diff, "mean"),
+                        "difference_ci95": _get(diff, "ci95")}, f"difference_{judged}", _get(diff, "ci")))
     a4, s4 = by.get(("arli", 4)), by.get(("standard", 4))
     diff = versus(a4, s4)
     rule(f"standard@4 <= arli@4 - {STANDARD_GAP:.2f} (paired CI of arli - standard)", "standard",
-         [diff], lambda x=diff: at_least(x["ci95"], STANDARD_GAP),
-         {"arli@4": _mean(a4), "standard@4": _mean(s4), "difference": _get(diff, "mean"),
-          "difference_ci95": _get(diff, "ci95")})
+         [diff], lambda x=diff: at_least(x["ci"], STANDARD_GAP),
+         shown({"arli@4": _mean(a4), "standard@4": _mean(s4), "difference": _get(diff, "mean"),
+                "difference_ci95": _get(diff, "ci95")}, f"difference_{judged}", _get(diff, "ci")))
     s0 = by.get(("standard", 0), by.get((IDEAL, 0)))  # the ideal reference: standard_d0 when d = 0 is not swept
     diff = versus(a4, s0)
     rule(f"arli@4 >= standard@0 - {IDEAL_MARGIN:.2f} (paired CI of arli@4 - standard@0)", "ideal",
-         [diff], lambda x=diff: at_least(x["ci95"], -IDEAL_MARGIN),
-         {"arli@4": _mean(a4), "standard@0": _mean(s0), "difference": _get(diff, "mean"),
-          "difference_ci95": _get(diff, "ci95")})
+         [diff], lambda x=diff: at_least(x["ci"], -IDEAL_MARGIN),
+         shown({"arli@4": _mean(a4), "standard@0": _mean(s0), "difference": _get(diff, "mean"),
+                "difference_ci95": _get(diff, "ci95")}, f"difference_{judged}", _get(diff, "ci")))
     d = ABLATION_DELAY
     for ablation in ABLATIONS:
         a, b = by.get(("arli", d)), by.get((ablation, d))
         diff = versus(b, a)
         rule(f"{ablation}@{d} < arli@{d} (paired CI of {ablation} - arli below 0)", "ablations",
-             [diff], lambda x=diff: below(x["ci95"], 0.0),
-             {f"arli@{d}": _mean(a), f"{ablation}@{d}": _mean(b), "difference": _get(diff, "mean"),
-              "difference_ci95": _get(diff, "ci95")})
+             [diff], lambda x=diff: below(x["ci"], 0.0),
+             shown({f"arli@{d}": _mean(a), f"{ablation}@{d}": _mean(b), "difference": _get(diff, "mean"),
+                    "difference_ci95": _get(diff, "ci95")}, f"difference_{judged}", _get(diff, "ci")))
     base = base_variant(strategy)
     label = base or f"the base alone (no base variant for chunking.strategy={strategy})"
     for d in every:
@@ -506,9 +549,9 @@ def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], strategy
         diff = versus(a, b)
         # do no harm: it fails only where the interval shows harm
         rule(f"arli@{d} not below {label}@{d} (paired CI of arli - base not entirely below 0)", "not_below_base",
-             [diff], lambda x=diff: below(x["ci95"], 0.0) is not True,
-             {f"arli@{d}": _mean(a), f"{base}@{d}": _mean(b), "difference": _get(diff, "mean"),
-              "difference_ci95": _get(diff, "ci95")})
+             [diff], lambda x=diff: below(x["ci"], 0.0) is not True,
+             shown({f"arli@{d}": _mean(a), f"{base}@{d}": _mean(b), "difference": _get(diff, "mean"),
+                    "difference_ci95": _get(diff, "ci95")}, f"difference_{judged}", _get(diff, "ci")))
     return out
 
 
@@ -523,16 +566,21 @@ def _value(key: str, v) -> str:
     return f"{key} = {v:+.3f}" if key in ("gain", "difference") else f"{key} = {v:.3f}"
 
 
-def verdict_markdown(checks: list[dict], budget: int) -> str:
+def verdict_markdown(checks: list[dict], budget: int, looks: int = 1) -> str:
     labels = {HOLDS: "holds", FAILS: "does NOT hold", UNRESOLVED: "unresolved (the interval straddles it)",
               NOT_EVALUATED: "not evaluated"}
     lines = [f"* `{c['claim']}`: **{labels[c['status']]}** ({', '.join(_value(k, v) for k, v in c['values'].items())})"
              for c in checks]
     count = {s: sum(c["status"] == s for c in checks) for s in labels}
-    return (f"Expected results (the issue's targets), at budget {budget} env steps per run, each judged by a 95% "
-            f"interval: {count[HOLDS]} hold, {count[FAILS]} do not, {count[UNRESOLVED]} unresolved, "
+    level = level_name(verdict_level(looks))
+    why = "" if looks == 1 else (f" (look {looks} at these verdicts on growing sets of training seeds: each look is "
+                                 f"judged at 1 - 0.05 / {looks}, Bonferroni, so over all looks a false verdict stays "
+                                 "below 5%)")
+    return (f"Expected results (the issue's targets), at budget {budget} env steps per run, each judged by a {level}% "
+            f"interval{why}: {count[HOLDS]} hold, {count[FAILS]} do not, {count[UNRESOLVED]} unresolved, "
             f"{count[NOT_EVALUATED]} not evaluated (a cell they need is missing). "
-            "Intervals: 95% two-level bootstrap over training seeds x the shared test episodes; "
+            f"Intervals: {level}% two-level bootstrap over training seeds x the shared test episodes"
+            + (" (the 95% ones beside them are the table's)" if looks > 1 else "") + "; "
             "differences paired on the same seeds and episodes.\n\n" + "\n".join(lines) + "\n")
 
 
@@ -604,13 +652,14 @@ def base_digest(cfg: LatencySweepConfig) -> str:
 def report(rows: list[dict], cfg: LatencySweepConfig, missing: list) -> tuple[dict, str]:
     """(the JSON payload, the markdown) of the sweep's rows."""
     cells, ceiling = aggregate(rows, cfg), ceiling_cells(rows)
-    checks = verdicts(cells, ceiling, list(cfg.delay_steps), cfg.chunking.strategy)
+    checks = verdicts(cells, ceiling, list(cfg.delay_steps), cfg.chunking.strategy, verdict_level(cfg.looks))
     payload = {"env": cfg.env.name, "regime": cfg.run.regime, "budget": cfg.budget,
                "demonstrations": cfg.run.demonstrations,
                "eval": {"split": "test", "seed_base": cfg.run.test_seed, "episodes": cfg.eval_episodes},
                "protocol": protocol(cfg.eval_episodes,
                                     None if all(seedless(v) for v in cfg.variants) else len(cfg.seeds)),
                "cells": public(cells), "ceiling": ceiling, "verdicts": checks,
+               "verdict_level": verdict_level(cfg.looks), "looks": cfg.looks,
                "missing": [list(c) for c in missing], "runs": list(cfg.runs), "checkpoint": cfg.checkpoint,
                "checkpoint_digest": base_digest(cfg), "command": command(cfg),
                "machine": machine_info()}
@@ -699,6 +748,7 @@ def command(cfg: LatencySweepConfig) -> str:
     where = ([f"name={cfg.name}"] if cfg.name != "latency_sweep" else []) + \
         ([f"report_dir={cfg.report_dir}"] if cfg.report_dir != "reports" else [])
     runs = [f"'runs=[{','.join(cfg.runs)}]'"] if cfg.runs else []
+    where += [f"looks={cfg.looks}"] if cfg.looks != 1 else []
     return (f"arli bench latency-sweep env={cfg.env.name} budget={cfg.budget} "
             f"'seeds={list(cfg.seeds)}' 'delay_steps={list(cfg.delay_steps)}' eval_episodes={cfg.eval_episodes}"
             + "".join(f" {o}" for o in [*non_default_settings(cfg), *runs, *where]))
@@ -771,5 +821,5 @@ def markdown(p: dict, cfg: LatencySweepConfig) -> str:
         "Steps to 80%: the evaluated env step at which every seed reached 80% (tune episodes).\n\n"
         + head + "\n".join(rows) + "\n\n" + _runs_markdown(p["cells"], cfg.report_dir)
         + f"![latency sweep]({cfg.name}.png)\n\n"
-        + verdict_markdown(p["verdicts"], cfg.budget) + f"\nMachine: {p['machine']}\n"
+        + verdict_markdown(p["verdicts"], cfg.budget, cfg.looks) + f"\nMachine: {p['machine']}\n"
     )
