@@ -425,9 +425,10 @@ class LatencySweepConfig(SimBase):
     # trains another one (CPU kernels sum floats in another order), so a committed report can be
     # rebuilt here; "" = this machine's base
     base_digest: str = ""
-    # how many times these verdicts have been judged on growing sets of training seeds, this one
-    # included (a confirmation that adds seeds to a reported sweep is look 2): each look is judged
-    # at 1 - 0.05 / looks (Bonferroni), so over all looks a false verdict stays below 5%
+    # how many times these claims have been judged on growing sets of training seeds, this one
+    # included (adding seeds to a reported sweep makes look 2): this look is judged at
+    # 1 - 0.05 / looks, so all looks together stay below about 0.05 * (1 + 1/2 + ... + 1/looks)
+    # per claim (7.5% over two; the first look's 95% cannot be taken back)
     looks: int = 1
     cache: str = "outputs/latency_sweep/cells_${env.name}.jsonl"
     report_dir: str = "reports"

@@ -378,13 +378,22 @@ def public(cells: list[dict]) -> list[dict]:
 
 
 # -- verdicts -----------------------------------------------------------------------------
-VERDICT_ERROR = 0.05  # the chance of a false verdict, over all looks at them (``looks``)
+VERDICT_ERROR = 0.05  # a first look's chance of a false verdict per claim (its intervals are 95%)
 
 
 def verdict_level(looks: int) -> float:
-    """The confidence level each look at the verdicts is judged at: 1 - 0.05 / looks
-    (Bonferroni: over ``looks`` looks on growing sets of seeds, a false verdict stays below 5%)."""
+    """The confidence level the ``looks``-th look at the same claims (on a growing set of
+    training seeds) is judged at: 1 - 0.05 / looks, so that look's own chance of a false
+    verdict per claim is about 0.05 / looks and, by the union bound, all looks together stay
+    below about 0.05 * (1 + 1/2 + ... + 1/looks): 7.5% over two (the first look, at 95%,
+    cannot be taken back)."""
     return 1 - VERDICT_ERROR / looks
+
+
+def looks_error(looks: int) -> float:
+    """The union bound on a false verdict per claim over ``looks`` looks judged at
+    ``verdict_level``: 0.05 * (1 + 1/2 + ... + 1/looks)."""
+    return VERDICT_ERROR * sum(1 / n for n in range(1, looks + 1))
 
 
 def level_name(level: float) -> str:
@@ -392,9 +401,9 @@ def level_name(level: float) -> str:
     return f"{level * 100:.4g}"
 
 
-def paired_difference(a: dict, b: dict, level: float = 0.95) -> dict | None:
-    """mean(a) - mean(b) with its paired 95% interval (``ci95``) and its interval at ``level``
-    (``ci``), on the training seeds both cells have and their shared test episodes (a base-alone
+def paired_difference(a: dict, b: dict, level: float | None = None) -> dict | None:
+    """mean(a) - mean(b) with its paired 95% interval (``ci95``) and the interval a verdict
+    judges (``ci``: at ``level``, or the 95% one when None), on the training seeds both cells have and their shared test episodes (a base-alone
     ``b``, one row with no seed: its outcomes stand for every seed of ``a``, the base does not
     depend on one)."""
     seeds = sorted(set(a["_outcomes"]) & set(b["_outcomes"]))
@@ -408,7 +417,7 @@ def paired_difference(a: dict, b: dict, level: float = 0.95) -> dict | None:
         return None
     ci95 = _interval(gain_ci(x, y))
     return {"mean": _r(x.mean() - y.mean()), "ci95": ci95,
-            "ci": ci95 if level == 0.95 else _interval(gain_ci(x, y, level=level)), "seeds": seeds}
+            "ci": ci95 if level is None else _interval(gain_ci(x, y, level=level)), "seeds": seeds}
 
 
 def _mean(cell: dict | None) -> float | None:
@@ -428,7 +437,7 @@ HOLDS, FAILS, UNRESOLVED, NOT_EVALUATED = "holds", "fails", "unresolved", "not e
 
 
 def at_least(ci: list[float], threshold: float) -> bool | None:
-    """The claim "quantity >= threshold" judged by the quantity's 95% interval
+    """The claim "quantity >= threshold" judged by the quantity's interval
     (``arli.stats.verdict``): True when the whole interval is above it, False when the whole
     interval is below it, None (unresolved) when it straddles or touches the threshold."""
     return {"above": True, "below": False, "unresolved": None}[verdict(tuple(ci), threshold)]
@@ -441,9 +450,9 @@ def below(ci: list[float], threshold: float) -> bool | None:
 
 
 def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], strategy: str = "naive",
-             level: float = 0.95) -> list[dict]:
-    """The issue's expected results, each judged by an interval at ``level`` (0.95 at a first
-    look; ``verdict_level``): ``status`` is ``holds`` (the
+             looks: int = 1) -> list[dict]:
+    """The issue's expected results, each judged by an interval (95% at a first look, else
+    ``verdict_level(looks)``): ``status`` is ``holds`` (the
     interval clears the claim), ``fails`` (the interval is entirely on the wrong side),
     ``unresolved`` (it straddles the claim's threshold) or ``not evaluated`` (a cell it needs is
     missing); ``holds`` is True / False for the first two, None otherwise. The gain rule keeps
@@ -452,25 +461,35 @@ def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], strategy
     rule that fails only where the interval shows harm. ``delays``: the
     sweep's delays (the rules "at every delay" run at these and at 0, 4 and 8). A partial
     cell (fewer training seeds than the sweep's) counts as missing: no verdict rests on it.
-    At another level than 0.95, each verdict's values also give the interval it was judged on
-    (``ci97.5``, ``gain_ci97.5``, ``difference_ci97.5`` at 0.975) beside the 95% one."""
-    judged = "" if level == 0.95 else f"ci{level_name(level)}"
+    At a later look each verdict's values also give the interval it was judged on (``ci97.5``,
+    ``gain_ci97.5``, ``difference_ci97.5`` at the second) beside the 95% one, and
+    ``ci_lower_clears_margin`` reads the judged gain interval."""
+    level = None if looks == 1 else verdict_level(looks)
+    judged = "" if level is None else f"ci{level_name(level)}"
 
     def success_at(c: dict) -> list[float]:
-        """The cell's success interval at ``level`` (its seeds' finals, in seed order as ``ci95``)."""
-        return c["ci95"] if not judged else _interval(success_ci(np.array(list(c["_outcomes"].values()), float),
-                                                                 level=level))
+        """The cell's judged success interval (its seeds' finals, in seed order as ``ci95``)."""
+        return c["ci95"] if level is None else _interval(success_ci(np.array(list(c["_outcomes"].values()), float),
+                                                                    level=level))
 
     def gain_at(c: dict) -> list[float]:
-        if not judged:
+        if level is None:
             return c["gain_ci95"]
         finals = np.array(list(c["_outcomes"].values()), float)
         starts = np.array([c["_start_outcomes"][s] for s in c["_outcomes"]], float)
         return _interval(gain_ci(finals, starts, level=level))
 
     def shown(values: dict, key: str, ci) -> dict:
-        """``values`` with the interval judged on under ``key`` (at another level than 0.95)."""
-        return {**values, key: ci} if judged else values
+        """``values`` with the judged interval under ``key`` at a later look, right after its
+        95% counterpart (``difference_ci97.5`` after ``difference_ci95``)."""
+        if not judged:
+            return values
+        out = {}
+        for k, v in values.items():
+            out[k] = v
+            if k == key.replace(judged, "ci95"):
+                out[key] = ci
+        return out
 
     by = {(c["variant"], c["delay_steps"]): c for c in cells if c.get("complete", True)}
     ceil = {c["delay_steps"]: c["success"] for c in ceiling}
@@ -493,14 +512,14 @@ def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], strategy
     for d, nominal in TARGETS.items():
         c, top = by.get(("arli", d)), ceil.get(d)
         target = round(top - CEILING_MARGIN, 4) if top is not None and top < nominal else nominal
+        ci = None if c is None else success_at(c)
         rule(f"arli@{d} >= {nominal:.2f} (ceiling@{d} - {CEILING_MARGIN:.2f} where the ceiling is lower; "
              "judged by its CI)", "target",
-             [c], lambda c=c, t=target: at_least(success_at(c), t),
+             [c], lambda ci=ci, t=target: at_least(ci, t),
              shown({f"arli@{d}": _mean(c), "ci95": _get(c, "ci95"), f"ceiling@{d}": top, "target": target},
-                   judged, None if c is None else success_at(c)))
+                   judged, ci))
     for d in every:
         c = by.get(("arli", d))
-
         g = None if c is None else gain_at(c)
 
         def gain(c=c, g=g) -> bool | None:
@@ -573,14 +592,15 @@ def verdict_markdown(checks: list[dict], budget: int, looks: int = 1) -> str:
              for c in checks]
     count = {s: sum(c["status"] == s for c in checks) for s in labels}
     level = level_name(verdict_level(looks))
-    why = "" if looks == 1 else (f" (look {looks} at these verdicts on growing sets of training seeds: each look is "
-                                 f"judged at 1 - 0.05 / {looks}, Bonferroni, so over all looks a false verdict stays "
-                                 "below 5%)")
+    why = "" if looks == 1 else (
+        f" (look {looks} at these claims, on a growing set of training seeds: this look is judged at 1 - 0.05 / "
+        f"{looks}, so its own chance of a false verdict per claim is about {100 - float(level):.3g}%, and over the "
+        f"{looks} looks at most about {100 * looks_error(looks):.3g}% by the union bound)")
     return (f"Expected results (the issue's targets), at budget {budget} env steps per run, each judged by a {level}% "
             f"interval{why}: {count[HOLDS]} hold, {count[FAILS]} do not, {count[UNRESOLVED]} unresolved, "
             f"{count[NOT_EVALUATED]} not evaluated (a cell they need is missing). "
             f"Intervals: {level}% two-level bootstrap over training seeds x the shared test episodes"
-            + (" (the 95% ones beside them are the table's)" if looks > 1 else "") + "; "
+            + (" (shown with the table's 95% intervals)" if looks > 1 else "") + "; "
             "differences paired on the same seeds and episodes.\n\n" + "\n".join(lines) + "\n")
 
 
@@ -652,7 +672,7 @@ def base_digest(cfg: LatencySweepConfig) -> str:
 def report(rows: list[dict], cfg: LatencySweepConfig, missing: list) -> tuple[dict, str]:
     """(the JSON payload, the markdown) of the sweep's rows."""
     cells, ceiling = aggregate(rows, cfg), ceiling_cells(rows)
-    checks = verdicts(cells, ceiling, list(cfg.delay_steps), cfg.chunking.strategy, verdict_level(cfg.looks))
+    checks = verdicts(cells, ceiling, list(cfg.delay_steps), cfg.chunking.strategy, cfg.looks)
     payload = {"env": cfg.env.name, "regime": cfg.run.regime, "budget": cfg.budget,
                "demonstrations": cfg.run.demonstrations,
                "eval": {"split": "test", "seed_base": cfg.run.test_seed, "episodes": cfg.eval_episodes},
@@ -821,5 +841,5 @@ def markdown(p: dict, cfg: LatencySweepConfig) -> str:
         "Steps to 80%: the evaluated env step at which every seed reached 80% (tune episodes).\n\n"
         + head + "\n".join(rows) + "\n\n" + _runs_markdown(p["cells"], cfg.report_dir)
         + f"![latency sweep]({cfg.name}.png)\n\n"
-        + verdict_markdown(p["verdicts"], cfg.budget, cfg.looks) + f"\nMachine: {p['machine']}\n"
+        + verdict_markdown(p["verdicts"], cfg.budget, p.get("looks", 1)) + f"\nMachine: {p['machine']}\n"
     )
