@@ -162,11 +162,13 @@ def _rows(spec: dict, seeds=(0, 1)) -> list[dict]:
 
 
 def _verdicts(spec: dict, cfg=None) -> dict[str, dict]:
-    from arli.bench.latency_sweep import aggregate, ceiling_cells, verdicts
+    from arli.bench.claims import verdicts
+    from arli.bench.latency_sweep import aggregate, base_variant, ceiling_cells
 
     cfg = cfg or _cfg()
     rows = _rows(spec)
-    checks = verdicts(aggregate(rows, cfg), ceiling_cells(rows), list(cfg.delay_steps), cfg.chunking.strategy)
+    checks = verdicts(aggregate(rows, cfg), ceiling_cells(rows), list(cfg.delay_steps),
+                      base_variant(cfg.chunking.strategy))
     return {c["claim"]: c for c in checks}
 
 
@@ -213,7 +215,8 @@ def test_a_claim_whose_interval_straddles_its_threshold_is_unresolved():
     for r in rows:
         if r["variant"] == "bc_control":
             r["outcomes"] = [0] * 3 + [1] * 3 + spread[6:94] + [1] * 3 + [0] * 3  # ... and ties the rest
-    from arli.bench.latency_sweep import aggregate, verdicts
+    from arli.bench.claims import verdicts
+    from arli.bench.latency_sweep import aggregate
 
     cfg = _cfg("delay_steps=[4]")
     got = {c["claim"]: c for c in verdicts(aggregate(rows, cfg), [], [4])}
@@ -274,7 +277,8 @@ def test_a_second_look_judges_each_verdict_family_at_97_5(family):
     claims: looks=2 judges every rule at 97.5% (1 - 0.05 / 2). Each family gets cells whose
     95% interval decides the claim and whose 97.5% interval does not; the verdict must follow
     the wider one and show it beside the 95% one."""
-    from arli.bench.latency_sweep import aggregate, ceiling_cells, verdicts
+    from arli.bench.claims import verdicts
+    from arli.bench.latency_sweep import aggregate, ceiling_cells
 
     cells, ceiling, first_status, second_status = _second_look_cases()[family]
     rows = _rows_with(cells) + [_row(v, d, None, k) for v, d, k in ceiling]
@@ -296,8 +300,8 @@ def test_a_second_look_judges_each_verdict_family_at_97_5(family):
 def test_a_first_look_is_judged_as_before_and_the_report_names_its_level(tmp_path):
     """looks=1 is the 95% judgement (the verdicts of every committed report); the report of a
     later look says so in its JSON, Markdown and command."""
-    from arli.bench.latency_sweep import (aggregate, ceiling_cells, command, looks_error, markdown, report,
-                                          verdict_level, verdicts)
+    from arli.bench.claims import looks_error, verdict_level, verdicts
+    from arli.bench.latency_sweep import aggregate, ceiling_cells, command, markdown, report
 
     rows = _rows(HOLDS)
     cfg = _cfg()
@@ -321,7 +325,8 @@ def test_a_first_look_is_judged_as_before_and_the_report_names_its_level(tmp_pat
 
 def test_not_below_the_base_holds_when_the_interval_straddles_zero():
     # arli succeeds on 10 episodes the base fails and fails on 12 it solves: -0.02, CI around 0
-    from arli.bench.latency_sweep import aggregate, verdicts
+    from arli.bench.claims import verdicts
+    from arli.bench.latency_sweep import aggregate
 
     cfg = _cfg("delay_steps=[4]")
     rows = [_row("base_naive", 4, s, 50) for s in (0, 1)]
@@ -350,7 +355,8 @@ def test_a_missing_cell_leaves_its_rules_not_evaluated():
 def test_a_partial_cell_is_shown_but_no_verdict_uses_it():
     """An ablation run on one of the sweep's two seeds: reported with its seeds, flagged
     incomplete, and its rule stays not evaluated (a verdict needs every training seed)."""
-    from arli.bench.latency_sweep import aggregate, ceiling_cells, verdicts
+    from arli.bench.claims import verdicts
+    from arli.bench.latency_sweep import aggregate, ceiling_cells
 
     cfg = _cfg()
     rows = [r for r in _rows(HOLDS) if not (r["variant"] == "arli_no_committed" and r["seed"] == 1)]
@@ -629,6 +635,7 @@ def test_the_base_alone_runs_once_per_delay_and_old_per_seed_rows_collapse(tmp_p
     """The base alone depends on no training seed: the plan runs it once per delay. A sweep
     that ran it per seed left copies: they load as the one cell, are rewritten as one row, and
     its interval is that of one measurement, not of three seeds; copies that disagree are refused."""
+    from arli.bench import claims
     from arli.bench import latency_sweep as ls
     from arli.stats import success_ci
 
@@ -660,7 +667,7 @@ def test_the_base_alone_runs_once_per_delay_and_old_per_seed_rows_collapse(tmp_p
     assert cells["base_naive"]["per_seed"] == [0.75]  # one measurement, not two seeds
     assert cells["base_naive"]["ci95"] == [round(x, 4) for x in success_ci([outcomes])]
     assert cells["base_naive"]["outcomes_by_seed"] == {"all": ls._bits(outcomes)}
-    (harm,) = [c for c in ls.verdicts(list(cells.values()), [], [4]) if c["family"] == "not_below_base"
+    (harm,) = [c for c in claims.verdicts(list(cells.values()), [], [4]) if c["family"] == "not_below_base"
                and "@4" in c["claim"]]
     assert harm["values"]["difference"] == 0.15 and harm["holds"] is True
     with pytest.raises(ValueError, match="base_naive@4: two rows with other test outcomes"):

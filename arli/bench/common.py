@@ -11,6 +11,16 @@ from typing import Any, Iterator
 from arli.rl.config import REPORTED_TEST_EPISODES
 
 
+def rounded(x: float) -> float:
+    """A reported number: 4 decimals (a success rate over 200 episodes moves in steps of 0.005)."""
+    return round(float(x), 4)
+
+
+def rounded_interval(ci) -> list[float]:
+    """An interval (lo, hi) as reported: [rounded(lo), rounded(hi)]."""
+    return [rounded(ci[0]), rounded(ci[1])]
+
+
 def cpu_model() -> str:
     """The CPU's model name (Linux: /proc/cpuinfo), or the platform's processor string: a base
     trained here is reproduced by machines with the same CPU kernels, not across them."""
