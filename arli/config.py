@@ -426,9 +426,8 @@ class LatencySweepConfig(SimBase):
     # rebuilt here; "" = this machine's base
     base_digest: str = ""
     # how many times these claims have been judged on growing sets of training seeds, this one
-    # included (adding seeds to a reported sweep makes look 2): this look is judged at
-    # 1 - 0.05 / looks, so all looks together stay below about 0.05 * (1 + 1/2 + ... + 1/looks)
-    # per claim (7.5% over two; the first look's 95% cannot be taken back)
+    # included (adding seeds to a reported sweep makes look 2): the level this look is judged at
+    # and the bound over all looks are arli.bench.claims.verdict_level / looks_error
     looks: int = 1
     cache: str = "outputs/latency_sweep/cells_${env.name}.jsonl"
     report_dir: str = "reports"

@@ -67,9 +67,16 @@ def test_the_runtime_does_not_import_the_application(module):
                                     "arli.bench.critic", "arli.bench.serve", "arli.bench.record",
                                     "arli.bench.tune", "arli.bench.runs", "arli.bench.ceiling",
                                     "arli.bench.sweep_runs", "arli.bench.diagnostics",
-                                    "arli.bench.critic_refit"])
+                                    "arli.bench.critic_refit", "arli.bench.claims"])
 def test_benchmarks_do_not_import_the_commands(module):
     assert not under(imported(module), "arli.commands", "arli.cli")
+
+
+def test_the_claims_judge_cells_without_running_them():
+    """``arli.bench.claims`` judges a sweep's cells: it never loads the sweep that runs them,
+    the learner or the simulator."""
+    assert not under(imported("arli.bench.claims"), "arli.bench.latency_sweep", "arli.rl.learner", "arli.finetune",
+                     "sim_envs", "torch")
 
 
 def test_the_robot_side_actor_does_not_import_torch():

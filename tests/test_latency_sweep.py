@@ -219,7 +219,7 @@ def test_a_claim_whose_interval_straddles_its_threshold_is_unresolved():
     from arli.bench.latency_sweep import aggregate
 
     cfg = _cfg("delay_steps=[4]")
-    got = {c["claim"]: c for c in verdicts(aggregate(rows, cfg), [], [4])}
+    got = {c["claim"]: c for c in verdicts(aggregate(rows, cfg), [], [4], "base_naive")}
     control = got["arli@4 >= bc_control@4 + 0.05 (paired CI of the difference)"]
     lo, hi = control["values"]["difference_ci95"]
     assert control["values"]["difference"] >= 0.0 and lo < 0.05 <= hi
@@ -284,8 +284,8 @@ def test_a_second_look_judges_each_verdict_family_at_97_5(family):
     rows = _rows_with(cells) + [_row(v, d, None, k) for v, d, k in ceiling]
     cfg = _cfg()
     agg, ceil = aggregate(rows, cfg), ceiling_cells(rows)
-    first = [c for c in verdicts(agg, ceil, [0, 4, 8]) if c["family"] == family and c["status"] != "not evaluated"]
-    second = [c for c in verdicts(agg, ceil, [0, 4, 8], looks=2) if c["family"] == family
+    first = [c for c in verdicts(agg, ceil, [0, 4, 8], "base_naive") if c["family"] == family and c["status"] != "not evaluated"]
+    second = [c for c in verdicts(agg, ceil, [0, 4, 8], "base_naive", looks=2) if c["family"] == family
               and c["status"] != "not evaluated"]
     assert [c["status"] for c in first] == [first_status] and [c["status"] for c in second] == [second_status]
     assert not any("97.5" in key for key in first[0]["values"])  # a first look shows the 95% intervals only
@@ -306,7 +306,9 @@ def test_a_first_look_is_judged_as_before_and_the_report_names_its_level(tmp_pat
     rows = _rows(HOLDS)
     cfg = _cfg()
     agg, ceil = aggregate(rows, cfg), ceiling_cells(rows)
-    assert verdicts(agg, ceil, [0, 4, 8]) == verdicts(agg, ceil, [0, 4, 8], looks=1)
+    assert verdicts(agg, ceil, [0, 4, 8], "base_naive") == verdicts(agg, ceil, [0, 4, 8], "base_naive", looks=1)
+    with pytest.raises(ValueError, match="base: a base-alone variant"):  # a chunking strategy is not a variant
+        verdicts(agg, ceil, [0, 4, 8], "naive")
     assert verdict_level(1) == 0.95 and verdict_level(2) == 0.975
     assert looks_error(1) == pytest.approx(0.05) and looks_error(2) == pytest.approx(0.075)
     payload, text = report(rows, _cfg("looks=2"), [])
@@ -331,7 +333,7 @@ def test_not_below_the_base_holds_when_the_interval_straddles_zero():
     cfg = _cfg("delay_steps=[4]")
     rows = [_row("base_naive", 4, s, 50) for s in (0, 1)]
     rows += [{**_row("arli", 4, s, 48, 40), "outcomes": [0] * 12 + [1] * 38 + [1] * 10 + [0] * 40} for s in (0, 1)]
-    (check,) = [c for c in verdicts(aggregate(rows, cfg), [], [4]) if c["family"] == "not_below_base"
+    (check,) = [c for c in verdicts(aggregate(rows, cfg), [], [4], "base_naive") if c["family"] == "not_below_base"
                 and "@4" in c["claim"]]
     lo, hi = check["values"]["difference_ci95"]
     assert lo < 0 < hi and check["holds"] is True
@@ -364,7 +366,7 @@ def test_a_partial_cell_is_shown_but_no_verdict_uses_it():
     (partial,) = [c for c in cells if c["variant"] == "arli_no_committed"]
     assert partial["seeds"] == [0] and partial["complete"] is False
     assert all(c["complete"] for c in cells if c is not partial)
-    got = {c["claim"]: c for c in verdicts(cells, ceiling_cells(rows), list(cfg.delay_steps))}
+    got = {c["claim"]: c for c in verdicts(cells, ceiling_cells(rows), list(cfg.delay_steps), "base_naive")}
     assert got["arli_no_committed@8 < arli@8 (paired CI of arli_no_committed - arli below 0)"]["holds"] is None
     assert got["arli_no_midobs@8 < arli@8 (paired CI of arli_no_midobs - arli below 0)"]["holds"] is True
 
@@ -667,7 +669,7 @@ def test_the_base_alone_runs_once_per_delay_and_old_per_seed_rows_collapse(tmp_p
     assert cells["base_naive"]["per_seed"] == [0.75]  # one measurement, not two seeds
     assert cells["base_naive"]["ci95"] == [round(x, 4) for x in success_ci([outcomes])]
     assert cells["base_naive"]["outcomes_by_seed"] == {"all": ls._bits(outcomes)}
-    (harm,) = [c for c in claims.verdicts(list(cells.values()), [], [4]) if c["family"] == "not_below_base"
+    (harm,) = [c for c in claims.verdicts(list(cells.values()), [], [4], "base_naive") if c["family"] == "not_below_base"
                and "@4" in c["claim"]]
     assert harm["values"]["difference"] == 0.15 and harm["holds"] is True
     with pytest.raises(ValueError, match="base_naive@4: two rows with other test outcomes"):

@@ -49,9 +49,9 @@ def level_name(level: float) -> str:
 
 def paired_difference(a: dict, b: dict, level: float | None = None) -> dict | None:
     """mean(a) - mean(b) with its paired 95% interval (``ci95``) and the interval a verdict
-    judges (``ci``: at ``level``, or the 95% one when None), on the training seeds both cells have and their shared test episodes (a base-alone
-    ``b``, one row with no seed: its outcomes stand for every seed of ``a``, the base does not
-    depend on one)."""
+    judges (``ci``: at ``level``, or the 95% one when None), on the training seeds both cells
+    have and their shared test episodes (a base-alone ``b``, one row with no seed: its
+    outcomes stand for every seed of ``a``, the base does not depend on one)."""
     seeds = sorted(set(a["_outcomes"]) & set(b["_outcomes"]))
     if seeds:
         x = np.array([a["_outcomes"][s] for s in seeds], float)
@@ -90,7 +90,7 @@ def below(ci: list[float], threshold: float) -> bool | None:
     return None if flipped is None else not flipped
 
 
-def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], base: str | None = "base_naive",
+def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], base: str | None,
              looks: int = 1) -> list[dict]:
     """The issue's expected results, each judged by an interval (95% at a first look, else
     ``verdict_level(looks)``): ``status`` is ``holds`` (the
@@ -104,14 +104,18 @@ def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], base: st
     cell (fewer training seeds than the sweep's) counts as missing: no verdict rests on it.
     At a later look each verdict's values also give the interval it was judged on (``ci97.5``,
     ``gain_ci97.5``, ``difference_ci97.5`` at the second) beside the 95% one, and
-    ``ci_lower_clears_margin`` reads the judged gain interval."""
+    ``ci_lower_clears_margin`` reads the judged gain interval. ``base``: the base-alone variant
+    of the residual's loop (``base_naive`` ...), None where none runs in it."""
+    if base is not None and not base.startswith("base_"):
+        raise ValueError(f"base: a base-alone variant (base_sync, base_naive, base_rtc) or None, got {base!r}")
     level = None if looks == 1 else verdict_level(looks)
     judged = "" if level is None else f"ci{level_name(level)}"
 
     def success_at(c: dict) -> list[float]:
         """The cell's judged success interval (its seeds' finals, in seed order as ``ci95``)."""
-        return c["ci95"] if level is None else rounded_interval(success_ci(np.array(list(c["_outcomes"].values()), float),
-                                                                    level=level))
+        if level is None:
+            return c["ci95"]
+        return rounded_interval(success_ci(np.array(list(c["_outcomes"].values()), float), level=level))
 
     def gain_at(c: dict) -> list[float]:
         if level is None:
@@ -125,6 +129,7 @@ def verdicts(cells: list[dict], ceiling: list[dict], delays: list[int], base: st
         95% counterpart (``difference_ci97.5`` after ``difference_ci95``)."""
         if not judged:
             return values
+        assert key.replace(judged, "ci95") in values, f"{key} has no 95% counterpart in {list(values)}"
         out = {}
         for k, v in values.items():
             out[k] = v
@@ -233,8 +238,8 @@ def verdict_markdown(checks: list[dict], budget: int, looks: int = 1) -> str:
     count = {s: sum(c["status"] == s for c in checks) for s in labels}
     level = level_name(verdict_level(looks))
     why = "" if looks == 1 else (
-        f" (look {looks} at these claims, on a growing set of training seeds: this look is judged at 1 - 0.05 / "
-        f"{looks}, so its own chance of a false verdict per claim is about {100 - float(level):.3g}%, and over the "
+        f" (look {looks} at these claims, on a growing set of training seeds: this look is judged at "
+        f"1 - {VERDICT_ERROR:g} / {looks}, so its own chance of a false verdict per claim is about {100 - float(level):.3g}%, and over the "
         f"{looks} looks at most about {100 * looks_error(looks):.3g}% by the union bound)")
     return (f"Expected results (the issue's targets), at budget {budget} env steps per run, each judged by a {level}% "
             f"interval{why}: {count[HOLDS]} hold, {count[FAILS]} do not, {count[UNRESOLVED]} unresolved, "

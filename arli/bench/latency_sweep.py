@@ -9,7 +9,8 @@ anchor rows fading as in the learner, so the critic steers nothing), and the res
 ``arli bench ceiling`` through the same scheduler and default bound, no learning). Every
 cell is evaluated on the same test episodes (seeds ``run.test_seed ..``); success is given
 with a two-level bootstrap interval over training seeds x episodes, gains as paired
-intervals (``arli.stats``), and the issue's expected results as verdicts computed from them.
+intervals (``arli.stats``), and the issue's expected results as verdicts computed from them
+(``arli.bench.claims``; at a later look on more training seeds, ``looks``, at a wider level).
 
 Cells run in worker processes and are cached as they finish (``cache``), so an interrupted
 sweep resumes where it stopped. A cached cell stays valid while its settings, its torch
@@ -62,7 +63,6 @@ CEILING = "ceiling"  # the projected expert at the default bound, no gripper aut
 # 2: every RL row carries its anchored start (start_success, start_outcomes); rows without it
 # are recomputed
 CELL_FORMAT = 2
-
 
 
 def cell_spec(cfg_dict: dict, variant: str, seed: int):
