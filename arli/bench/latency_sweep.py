@@ -367,18 +367,24 @@ def public(cells: list[dict]) -> list[dict]:
 
 def plot(cells: list[dict], ceiling: list[dict], path: str, title: str) -> None:
     """Success vs delay per variant with 95% interval error bars (variants side by side at
-    each delay); the ceiling as a dashed line."""
+    each delay), each training seed's success as a small dot beside its cell; the ceiling as a
+    dashed line."""
     variants = list(dict.fromkeys(c["variant"] for c in cells))
     width = 0.6 / max(1, len(variants))
-    with success_plot(path, title, "delay_steps d (dt = 50 ms)", "success rate (mean, 95% CI)",
+    with success_plot(path, title, "delay_steps d (dt = 50 ms)", "success rate (mean, 95% CI; dots: seeds)",
                       figsize=(8, 4.8), legend_size=7) as ax:
         for i, variant in enumerate(variants):
-            pts = sorted((c["delay_steps"], c["success_mean"], c["ci95"]) for c in cells if c["variant"] == variant)
-            x = [d + (i - (len(variants) - 1) / 2) * width for d, _, _ in pts]
-            y = [m for _, m, _ in pts]
-            err = np.array([[m - ci[0], ci[1] - m] if ci else [0, 0] for _, m, ci in pts]).T
-            ax.errorbar(x, y, yerr=err, marker="o" if len(pts) > 1 else "s", capsize=3,
-                        ls=":" if variant.startswith("base") else ("-" if len(pts) > 1 else "none"), label=variant)
+            own = sorted((c for c in cells if c["variant"] == variant), key=lambda c: c["delay_steps"])
+            x = [c["delay_steps"] + (i - (len(variants) - 1) / 2) * width for c in own]
+            y = [c["success_mean"] for c in own]
+            err = np.array([[m - c["ci95"][0], c["ci95"][1] - m] if c["ci95"] else [0, 0] for c, m in zip(own, y)]).T
+            bars = ax.errorbar(x, y, yerr=err, marker="o" if len(own) > 1 else "s", capsize=3,
+                               ls=":" if variant.startswith("base") else ("-" if len(own) > 1 else "none"),
+                               label=variant)
+            for xi, c in zip(x, own):  # the spread over training seeds, which the interval folds in
+                if c["seeds"]:
+                    ax.scatter([xi + width / 4] * len(c["per_seed"]), c["per_seed"], s=9, alpha=0.6,
+                               color=bars[0].get_color(), zorder=3)
         if ceiling:
             xs, ys = [c["delay_steps"] for c in ceiling], [c["success"] for c in ceiling]
             if len(xs) > 1:
