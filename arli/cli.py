@@ -94,14 +94,52 @@ def compose(config_name: str, overrides: list[str]) -> Any:
             cfg = hydra_compose(config_name=config_name, overrides=overrides)
         obj = OmegaConf.to_object(cfg)
     except (ConfigCompositionException, HydraException, OmegaConfBaseException) as exc:
-        cause = exc.__cause__ or exc
-        raise ConfigError(_explain(str(cause), schema)) from None
+        raise ConfigError(_explain(exc.__cause__ or exc, schema, overrides)) from None
     validate(obj)
     return obj
 
 
-def _explain(message: str, schema: type) -> str:
-    first = message.strip().splitlines()[0]
+def _explain(cause: BaseException, schema: type, overrides: list[str]) -> str:
+    """One error that names the field (or override) and what it takes: Hydra and OmegaConf
+    put the field, the valid options and the failing override in lines or attributes that
+    their first line leaves out."""
+    import dataclasses  # noqa: PLC0415
+    import difflib  # noqa: PLC0415
+
+    from hydra.errors import MissingConfigException, OverrideParseException  # noqa: PLC0415
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError  # noqa: PLC0415
+
+    message = str(cause).strip()
+    first = message.splitlines()[0]
+    full_key = getattr(cause, "full_key", None)
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and full_key:
+        owner = getattr(cause, "object_type", None)
+        keys = sorted(f.name for f in dataclasses.fields(owner)) if dataclasses.is_dataclass(owner) else []
+        key = str(full_key).rsplit(".", 1)[-1]
+        prefix = str(full_key)[: -len(key)]
+        near = difflib.get_close_matches(key, keys, n=1)
+        hint = f"; did you mean {prefix}{near[0]}?" if near else ""
+        where = f"keys of {prefix[:-1]}" if prefix else "top-level keys"
+        return f"{full_key}: unknown key{hint}" + (f"\n  valid {where}: {', '.join(keys)}" if keys else "")
+    if isinstance(cause, ValidationError) and full_key:
+        return f"{full_key}: {first}"
+    if isinstance(cause, MissingConfigException) and "Available options in" in message:
+        group = message.split("Available options in '", 1)[1].split("'", 1)[0]
+        listed = message.split("Available options in", 1)[1].split("Config search path", 1)[0]
+        options = [line.strip() for line in listed.splitlines()[1:]
+                   if line.startswith("\t") and not line.strip().endswith("_schema")]
+        asked = next((o for o in overrides if o.split("=", 1)[0].lstrip("+~") == group), group)
+        return f"{asked}: unknown option for '{group}'; choose from {', '.join(options)}"
+    if isinstance(cause, OverrideParseException):
+        from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: PLC0415
+
+        parser = OverridesParser.create()
+        for override in overrides:
+            try:
+                parser.parse_overrides([override])
+            except OverrideParseException:
+                return (f"cannot parse the override {override!r} ({first}): check its brackets and quotes, "
+                        "e.g. 'delay_steps=[0,4]' or 'run.seed=3'")
     fields = ", ".join(sorted(OmegaConf.structured(schema).keys()))
     return f"{first}\n  valid top-level keys: {fields}"
 

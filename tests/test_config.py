@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 
@@ -90,6 +91,44 @@ def test_unknown_key_is_rejected():
 def test_wrong_type_is_rejected():
     with pytest.raises(ConfigError, match="episodes"):
         compose("rollout", ["episodes=many"])
+
+
+@pytest.mark.parametrize("command, override, expected", [
+    # a typo of a nested key: its full name, the nearest key and the keys of its section
+    ("finetune", "run.env_stpes=100", r"^run\.env_stpes: unknown key; did you mean run\.env_steps\?\n"
+                                      r"  valid keys of run: .*\benv_steps\b"),
+    ("finetune", "run.learner.utdd=2", r"^run\.learner\.utdd: unknown key; did you mean run\.learner\.utd\?"),
+    ("rollout", "episode=5", r"^episode: unknown key; did you mean episodes\?\n  valid top-level keys: "),
+    # a wrong type names the field, list items included
+    ("finetune", "run.env_steps=abc", r"^run\.env_steps: Value 'abc' of type 'str' could not be converted"),
+    ("rollout", "delay_steps=[0,x]", r"^delay_steps\[1\]: Value 'x'"),
+    # an unknown option of a config group lists the options (not the schema, not Hydra's search path)
+    ("rollout", "env=pick_cub", r"^env=pick_cub: unknown option for 'env'; choose from peg_insert, "
+                                r"peg_insert_dynamic, pick_cube, robosuite_lift$"),
+    # an override Hydra cannot parse is named
+    ("rollout", "delay_steps=[0,4", r"^cannot parse the override 'delay_steps=\[0,4' \(.*\): check its brackets"),
+])
+def test_config_errors_name_the_field_and_what_it_takes(command, override, expected):
+    with pytest.raises(ConfigError) as err:
+        compose(command, [override])
+    assert re.search(expected, str(err.value), re.S), str(err.value)
+
+
+def test_commands_missing_their_inputs_say_how_to_pass_them(tmp_path, capsys):
+    """`arli eval` without run=, `arli bench runs` with no runs or a missing one, `arli finetune`
+    resuming a missing checkpoint: one line naming the field, before anything is written."""
+    assert main(["eval"]) == 2
+    assert "run: required; pass run=" in capsys.readouterr().err
+    assert main(["bench", "runs", "name=x"]) == 2
+    assert "runs: expected at least one `arli finetune` run directory" in capsys.readouterr().err
+    assert main(["bench", "runs", f"runs=[{tmp_path / 'gone'}]", f"report_dir={tmp_path}"]) == 2
+    assert f"runs: {tmp_path / 'gone'} does not exist" in capsys.readouterr().err
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("kept: true\n")
+    assert main(["finetune", f"output_dir={run}", f"resume={tmp_path / 'nowhere'}"]) == 2
+    assert "resume: no finetuning checkpoint at" in capsys.readouterr().err
+    assert (run / "config.yaml").read_text() == "kept: true\n"  # the run it named is untouched
 
 
 def test_cli_exit_code_and_message(capsys):

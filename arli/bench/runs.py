@@ -27,6 +27,8 @@ POLICIES = ("base", "start", "final")
 
 def load(run_dir: str) -> tuple[dict, dict]:
     """(eval_test.json, summary.json) of one run; a clear error when it has none."""
+    if not os.path.isdir(run_dir):
+        raise ConfigError(f"runs: {run_dir} does not exist; pass `arli finetune` output directories of finished runs")
     paths = [os.path.join(run_dir, n) for n in ("eval_test.json", "summary.json")]
     for path in paths:
         if not os.path.exists(path):
@@ -186,6 +188,9 @@ def paired_reference(cfg: BenchRunsConfig, evals: tuple, summaries: tuple) -> di
 
 
 def main(cfg: BenchRunsConfig) -> int:
+    if not cfg.runs:
+        raise ConfigError("runs: expected at least one `arli finetune` run directory, e.g. "
+                          "'runs=[outputs/finetune_peg_insert_arli_d8_<time>,...]'")
     evals, summaries = zip(*(load(d) for d in cfg.runs))
     demos = {demonstrations(d) for d in cfg.runs}
     if len(demos) > 1:

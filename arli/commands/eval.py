@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 
-from arli.config import EvalConfig
+from arli.config import ConfigError, EvalConfig
 from arli.runs import load_run_config, split_of
 
 
@@ -26,6 +26,8 @@ def main(cfg: EvalConfig) -> int:
     from arli.commands.finetune import run_videos, test_report  # noqa: PLC0415
     from arli.runs import make_finetuner  # noqa: PLC0415
 
+    if not cfg.run:
+        raise ConfigError("run: required; pass run=<an `arli finetune` output directory>, e.g. run=outputs/<run>")
     run_cfg = load_run_config(cfg.run)
     ft, name, delay = make_finetuner(run_cfg)
     ft.load(os.path.join(cfg.run, "checkpoint"))

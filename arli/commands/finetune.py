@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 # ``sources``)
 from arli.bench.provenance import loaded_sources  # noqa: I001
 from arli.bench.common import machine_info, success_plot
-from arli.config import FinetuneConfig
+from arli.config import ConfigError, FinetuneConfig
 from arli.policies.load import EXPERT, policy_digest
 from arli.runs import make_finetuner
 from sim_envs import make_env
@@ -127,6 +127,11 @@ def main(cfg: FinetuneConfig) -> int:
     from arli.rl.config import REPORTED_TEST_EPISODES  # noqa: PLC0415
 
     start = time.time()
+    if cfg.resume and not os.path.exists(os.path.join(cfg.resume, "trainer_state.pt")):
+        # before anything is trained or written: a bad resume= next to an existing output_dir
+        # would otherwise overwrite that run's config.yaml
+        raise ConfigError(f"resume: no finetuning checkpoint at {cfg.resume} (missing trainer_state.pt); pass the "
+                          "checkpoint/ directory of an `arli finetune` run, e.g. resume=outputs/<run>/checkpoint")
     ft, name, delay = make_finetuner(cfg)
     base_digest = base_identity(cfg.checkpoint)
     spec = cfg.run
