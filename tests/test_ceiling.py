@@ -78,3 +78,18 @@ def test_bench_ceiling_report(tmp_path):
     md = (tmp_path / "ceiling_pick_cube.md").read_text()
     assert "| 4 | 0.3 | differenced |" in md and "'noise_std=[0.3]' anchor_episodes=2" in md
     assert (tmp_path / "ceiling_pick_cube.png").exists() and (tmp_path / "ceiling_pick_cube.md").exists()
+
+
+def test_a_task_without_an_expert_gets_one_line_naming_the_tasks_that_have_one(monkeypatch, tmp_path, capsys):
+    """Every task here has a scripted expert, so the refusal is reached by hiding one: it comes
+    before any base is trained or any file written."""
+    import sim_envs.experts
+    from arli.cli import main
+
+    without = {k: v for k, v in sim_envs.experts.EXPERTS.items() if k != "pick_cube"}
+    monkeypatch.setattr(sim_envs.experts, "EXPERTS", without)
+    assert main(["bench", "ceiling", "env=pick_cube", f"report_dir={tmp_path}",
+                 f"checkpoint={tmp_path / 'base'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "env.name: pick_cube has no scripted expert" in err[0]
+    assert all(name in err[0] for name in without) and list(tmp_path.iterdir()) == []
