@@ -123,6 +123,11 @@ def test_commands_missing_their_inputs_say_how_to_pass_them(tmp_path, capsys):
     assert "runs: expected at least one `arli finetune` run directory" in capsys.readouterr().err
     assert main(["bench", "runs", f"runs=[{tmp_path / 'gone'}]", f"report_dir={tmp_path}"]) == 2
     assert f"runs: {tmp_path / 'gone'} does not exist" in capsys.readouterr().err
+    for bench in (["bench", "tune", f"runs=[{tmp_path / 'a'},{tmp_path / 'gone'}]"],
+                  ["bench", "critic", f"runs=[{tmp_path / 'gone'}]"]):
+        assert main([*bench, f"report_dir={tmp_path}"]) == 2
+        err = capsys.readouterr().err
+        assert "runs: no finetune run at" in err and "run: no" not in err.replace("runs: no", ""), err
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("kept: true\n")

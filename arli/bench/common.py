@@ -21,6 +21,21 @@ def rounded_interval(ci) -> list[float]:
     return [rounded(ci[0]), rounded(ci[1])]
 
 
+def run_configs(dirs: list[str]) -> list[Any]:
+    """The saved config of each `arli finetune` run directory given as ``runs``, loaded before a
+    bench does any work, so a missing or unfinished one is named up front as a ``runs`` error."""
+    from arli.errors import ConfigError  # noqa: PLC0415
+    from arli.runs import load_run_config  # noqa: PLC0415
+
+    out = []
+    for run_dir in dirs:
+        try:
+            out.append(load_run_config(run_dir))
+        except ConfigError as exc:
+            raise ConfigError(f"runs: {str(exc).removeprefix('run: ')}") from None
+    return out
+
+
 def cpu_model() -> str:
     """The CPU's model name (Linux: /proc/cpuinfo), or the platform's processor string: a base
     trained here is reproduced by machines with the same CPU kernels, not across them."""

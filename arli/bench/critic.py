@@ -34,7 +34,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 import numpy as np
 from tqdm import tqdm
 
-from arli.bench.common import figure, machine_info, publish
+from arli.bench.common import figure, machine_info, publish, run_configs
 from arli.config import BenchCriticConfig
 from arli.interfaces import StepController
 from arli.types import Observation, StepInfo
@@ -322,9 +322,9 @@ def roll_in_seeds(spec, seed_base: int | None, episodes: int) -> list[int]:
 def judge_run(run_dir: str, cfg: BenchCriticConfig, bar=None) -> dict:
     """One run's critic against Monte-Carlo returns on its own states; ``bar`` (optional)
     advances by one per judged state."""
-    from arli.runs import load_run_config, make_finetuner  # noqa: PLC0415
+    from arli.runs import make_finetuner  # noqa: PLC0415
 
-    run_cfg = load_run_config(run_dir)
+    (run_cfg,) = run_configs([run_dir])
     ft, name, delay = make_finetuner(run_cfg)
     ft.load(os.path.join(run_dir, "checkpoint"))
     check_repeats(ft, cfg.repeats, run_dir)
@@ -521,10 +521,8 @@ def main(cfg: BenchCriticConfig) -> int:
                           "'runs=[outputs/finetune_peg_insert_arli_d8_<time>]'")
     torch.set_num_threads(1)
     if cfg.seed_base is not None and not cfg.report_only:  # refused before any run is judged
-        from arli.runs import load_run_config  # noqa: PLC0415
-
-        for run in cfg.runs:
-            roll_in_seeds(load_run_config(run).run, cfg.seed_base, cfg.episodes)
+        for run_cfg in run_configs(list(cfg.runs)):
+            roll_in_seeds(run_cfg.run, cfg.seed_base, cfg.episodes)
     if cfg.report_only:
         results, machine = rebuilt(cfg)
     else:

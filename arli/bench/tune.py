@@ -20,7 +20,7 @@ import numpy as np
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from arli.bench.common import machine_info, print_last_line_json, success_plot, write_report
+from arli.bench.common import machine_info, print_last_line_json, run_configs, success_plot, write_report
 from arli.config import BenchTuneConfig, ConfigError, FinetuneConfig
 from arli.rl.config import TRAIN_SEED_BLOCKS, disjoint, outside_training
 from arli.stats import gain_ci, success_ci, verdict
@@ -134,14 +134,8 @@ def labels_of(dirs: list[str]) -> list[str]:
 def load_runs(dirs: list[str]) -> tuple[list[FinetuneConfig], list[dict]]:
     """Each run's saved config and summary.json; refuses a run without a checkpoint or an
     unfinished one (no summary.json yet)."""
-    from arli.runs import load_run_config  # noqa: PLC0415
-
-    configs, summaries = [], []
+    configs, summaries = run_configs(dirs), []
     for run_dir in dirs:
-        try:
-            configs.append(load_run_config(run_dir))
-        except ConfigError as exc:
-            raise ConfigError(f"runs: {exc}") from None
         if not os.path.exists(os.path.join(run_dir, "checkpoint", "trainer_state.pt")):
             raise ConfigError(f"runs: {run_dir} has no checkpoint (checkpoint/trainer_state.pt); pass `arli "
                               "finetune` output directories of finished runs")
