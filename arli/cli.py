@@ -94,15 +94,18 @@ def compose(config_name: str, overrides: list[str]) -> Any:
             cfg = hydra_compose(config_name=config_name, overrides=overrides)
         obj = OmegaConf.to_object(cfg)
     except (ConfigCompositionException, HydraException, OmegaConfBaseException) as exc:
-        raise ConfigError(_explain(exc.__cause__ or exc, schema, overrides)) from None
+        raise ConfigError(_explain(exc.__cause__ or exc, schema, overrides, exc)) from None
+    except ValueError as exc:  # Hydra's own checks on an override (`env=null`, `=3`, a key into a str)
+        raise ConfigError(f"{exc}; overrides: {' '.join(overrides)}") from None
     validate(obj)
     return obj
 
 
-def _explain(cause: BaseException, schema: type, overrides: list[str]) -> str:
+def _explain(cause: BaseException, schema: type, overrides: list[str], raised: BaseException | None = None) -> str:
     """One error that names the field (or override) and what it takes: Hydra and OmegaConf
     put the field, the valid options and the failing override in lines or attributes that
-    their first line leaves out."""
+    their first line leaves out (``raised``: the exception Hydra raised, whose own lines can
+    carry the fix, e.g. "use +recipe=expo")."""
     import dataclasses  # noqa: PLC0415
     import difflib  # noqa: PLC0415
 
@@ -110,10 +113,14 @@ def _explain(cause: BaseException, schema: type, overrides: list[str]) -> str:
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError  # noqa: PLC0415
 
     message = str(cause).strip()
-    first = message.splitlines()[0]
+    first = (message.splitlines() or [type(cause).__name__])[0]
     full_key = getattr(cause, "full_key", None)
+    owner = getattr(cause, "object_type", None)
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and full_key and owner is dict:
+        key = str(full_key).rsplit(".", 1)[-1]
+        return (f"{full_key}: not a key of the mapping {str(full_key)[: -len(key) - 1]} yet; add it with "
+                f"'+{full_key}=<value>'")
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and full_key:
-        owner = getattr(cause, "object_type", None)
         keys = sorted(f.name for f in dataclasses.fields(owner)) if dataclasses.is_dataclass(owner) else []
         key = str(full_key).rsplit(".", 1)[-1]
         prefix = str(full_key)[: -len(key)]
@@ -121,7 +128,7 @@ def _explain(cause: BaseException, schema: type, overrides: list[str]) -> str:
         hint = f"; did you mean {prefix}{near[0]}?" if near else ""
         where = f"keys of {prefix[:-1]}" if prefix else "top-level keys"
         return f"{full_key}: unknown key{hint}" + (f"\n  valid {where}: {', '.join(keys)}" if keys else "")
-    if isinstance(cause, ValidationError) and full_key:
+    if full_key and (isinstance(cause, ValidationError) or not isinstance(cause, MissingConfigException)):
         return f"{full_key}: {first}"
     if isinstance(cause, MissingConfigException) and "Available options in" in message:
         group = message.split("Available options in '", 1)[1].split("'", 1)[0]
@@ -140,8 +147,9 @@ def _explain(cause: BaseException, schema: type, overrides: list[str]) -> str:
             except OverrideParseException:
                 return (f"cannot parse the override {override!r} ({first}): check its brackets and quotes, "
                         "e.g. 'delay_steps=[0,4]' or 'run.seed=3'")
+    fix = next((line.strip() for line in str(raised or "").splitlines() if "use +" in line), "")
     fields = ", ".join(sorted(OmegaConf.structured(schema).keys()))
-    return f"{first}\n  valid top-level keys: {fields}"
+    return f"{first}" + (f" ({fix})" if fix else "") + f"\n  valid top-level keys: {fields}"
 
 
 def _resolve(path: str) -> Callable[[Any], int | None]:

@@ -107,6 +107,12 @@ def test_wrong_type_is_rejected():
                                 r"peg_insert_dynamic, pick_cube, robosuite_lift$"),
     # an override Hydra cannot parse is named
     ("rollout", "delay_steps=[0,4", r"^cannot parse the override 'delay_steps=\[0,4' \(.*\): check its brackets"),
+    # a new key of a mapping, a group that needs +, a list index, an override Hydra refuses: each says the fix
+    ("actor", "cameras.wrist=0", r"^cameras\.wrist: not a key of the mapping cameras yet; add it with "
+                                 r"'\+cameras\.wrist=<value>'$"),
+    ("finetune", "recipe=expo", r"No match in the defaults list\. \(To append to your default list use \+recipe=expo\)"),
+    ("rollout", "delay_steps.5=1", r"^delay_steps\[5\]: list index out of range$"),
+    ("rollout", "env=null", r"Config group override must be a string or a list.*; overrides: env=null$"),
 ])
 def test_config_errors_name_the_field_and_what_it_takes(command, override, expected):
     with pytest.raises(ConfigError) as err:
