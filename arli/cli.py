@@ -92,13 +92,56 @@ def compose(config_name: str, overrides: list[str]) -> Any:
     try:
         with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
             cfg = hydra_compose(config_name=config_name, overrides=overrides)
+        added = _unknown_fields(cfg)
+        if added:  # '+run.env_stpes=1' adds a key no dataclass reads: it would be ignored silently
+            key, owner = added
+            asked = next((o for o in overrides if f'{o.split("=", 1)[0].lstrip("+~")}.'.startswith(f"{key}.")), key)
+            raise ConfigError(_unknown_key(key, owner, asked))
         obj = OmegaConf.to_object(cfg)
     except (ConfigCompositionException, HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(_explain(exc.__cause__ or exc, schema, overrides, exc)) from None
+    except ConfigError:
+        raise
     except ValueError as exc:  # Hydra's own checks on an override (`env=null`, `=3`, a key into a str)
         raise ConfigError(f"{exc}; overrides: {' '.join(overrides)}") from None
     validate(obj)
     return obj
+
+
+def _unknown_fields(node: Any, prefix: str = "") -> tuple[str, type] | None:
+    """The first key under a dataclass node that is not one of its fields (Hydra lets
+    ``+key=value`` add one; ``OmegaConf.to_object`` then keeps it and nothing reads it)."""
+    import dataclasses  # noqa: PLC0415
+
+    from omegaconf import DictConfig  # noqa: PLC0415
+
+    if not isinstance(node, DictConfig):
+        return None
+    owner = OmegaConf.get_type(node)
+    fields = {f.name for f in dataclasses.fields(owner)} if dataclasses.is_dataclass(owner) else None
+    for key in node.keys():
+        if fields is not None and key not in fields:
+            return f"{prefix}{key}", owner
+        found = _unknown_fields(node._get_node(key), f"{prefix}{key}.")
+        if found:
+            return found
+    return None
+
+
+def _unknown_key(full_key: str, owner: Any, asked: str | None = None) -> str:
+    """``run.env_stpes: unknown key; did you mean run.env_steps?`` and the section's keys
+    (``asked``: the override that added the key with ``+``, as typed)."""
+    import dataclasses  # noqa: PLC0415
+    import difflib  # noqa: PLC0415
+
+    keys = sorted(f.name for f in dataclasses.fields(owner)) if dataclasses.is_dataclass(owner) else []
+    key = full_key.rsplit(".", 1)[-1]
+    prefix = full_key[: -len(key)]
+    near = difflib.get_close_matches(key, keys, n=1)
+    hint = f"; did you mean {prefix}{near[0]}?" if near else ""
+    added = " ('+' adds keys only to mappings)" if asked else ""
+    where = f"keys of {prefix[:-1]}" if prefix else "top-level keys"
+    return f"{asked or full_key}: unknown key{hint}{added}" + (f"\n  valid {where}: {', '.join(keys)}" if keys else "")
 
 
 def _explain(cause: BaseException, schema: type, overrides: list[str], raised: BaseException | None = None) -> str:
@@ -106,9 +149,6 @@ def _explain(cause: BaseException, schema: type, overrides: list[str], raised: B
     put the field, the valid options and the failing override in lines or attributes that
     their first line leaves out (``raised``: the exception Hydra raised, whose own lines can
     carry the fix, e.g. "use +recipe=expo")."""
-    import dataclasses  # noqa: PLC0415
-    import difflib  # noqa: PLC0415
-
     from hydra.errors import MissingConfigException, OverrideParseException  # noqa: PLC0415
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError  # noqa: PLC0415
 
@@ -121,13 +161,7 @@ def _explain(cause: BaseException, schema: type, overrides: list[str], raised: B
         return (f"{full_key}: not a key of the mapping {str(full_key)[: -len(key) - 1]} yet; add it with "
                 f"'+{full_key}=<value>'")
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and full_key:
-        keys = sorted(f.name for f in dataclasses.fields(owner)) if dataclasses.is_dataclass(owner) else []
-        key = str(full_key).rsplit(".", 1)[-1]
-        prefix = str(full_key)[: -len(key)]
-        near = difflib.get_close_matches(key, keys, n=1)
-        hint = f"; did you mean {prefix}{near[0]}?" if near else ""
-        where = f"keys of {prefix[:-1]}" if prefix else "top-level keys"
-        return f"{full_key}: unknown key{hint}" + (f"\n  valid {where}: {', '.join(keys)}" if keys else "")
+        return _unknown_key(str(full_key), owner)
     if full_key and (isinstance(cause, ValidationError) or not isinstance(cause, MissingConfigException)):
         return f"{full_key}: {first}"
     if isinstance(cause, MissingConfigException) and "Available options in" in message:

@@ -8,6 +8,18 @@ import pytest
 from arli.bench.critic import _candidates, _snapshots, monte_carlo, ranking
 
 
+@pytest.fixture
+def saved_runs(monkeypatch):
+    """Every run name a test passes has a saved finetune config (its default seed ranges), so
+    ``main``'s up-front check of ``runs`` passes on to the (faked) judging."""
+    from types import SimpleNamespace
+
+    import arli.runs
+    from arli.rl.config import RunSpec
+
+    monkeypatch.setattr(arli.runs, "load_run_config", lambda run: SimpleNamespace(run=RunSpec()))
+
+
 def test_ranking_counts_only_pairs_whose_returns_differ():
     right = {"a": {"mc": 0.9, "q": 0.8}, "b": {"mc": 0.0, "q": 0.1}, "c": {"mc": 0.0, "q": 0.5}}  # b = c: a tie
     wrong = {"a": {"mc": 0.9, "q": 0.1}, "b": {"mc": 0.5, "q": 0.2}, "c": {"mc": 0.0, "q": 0.3}}
@@ -165,7 +177,7 @@ def test_a_run_that_fails_in_a_worker_is_named(monkeypatch):
         critic.judge_runs(BenchCriticConfig(runs=["a", "broken"], workers=2), sources=2)
 
 
-def test_the_report_names_the_command_that_wrote_it(monkeypatch, tmp_path):
+def test_the_report_names_the_command_that_wrote_it(saved_runs, monkeypatch, tmp_path):
     """The report's first line is the command with the runs and every setting that shaped it, so
     a reader can rerun it."""
     import arli.bench.critic as critic
@@ -187,7 +199,7 @@ def test_the_report_names_the_command_that_wrote_it(monkeypatch, tmp_path):
     assert "| `runs/a` (arli, d=8, 10 steps) | 4 × 128 |" in md and "0.75 [0.50, 1.00]" in md
 
 
-def test_the_report_shows_the_split_halves_next_to_the_critic(monkeypatch, tmp_path):
+def test_the_report_shows_the_split_halves_next_to_the_critic(saved_runs, monkeypatch, tmp_path):
     import arli.bench.critic as critic
     from arli.config import BenchCriticConfig
 
@@ -281,7 +293,7 @@ def test_the_critics_shortfall_against_its_labels_carries_a_bootstrap_interval_o
     assert two["shortfall_ci95"] == [0.0, 1.0]
 
 
-def test_report_only_rebuilds_the_report_from_its_judged_states_and_refuses_another_command(monkeypatch, tmp_path):
+def test_report_only_rebuilds_the_report_from_its_judged_states_and_refuses_another_command(saved_runs, monkeypatch, tmp_path):
     import json
 
     import arli.bench.critic as critic
@@ -442,7 +454,7 @@ def test_refit_settings_are_checked_before_anything_runs():
         BenchCriticConfig(runs=["a"], refit=["residual:tau=0.01", "residual:tau=0.010"], repeats=2).validate()
 
 
-def test_a_report_with_refits_shows_them_and_is_rebuilt_only_by_the_same_refits(monkeypatch, tmp_path, capsys):
+def test_a_report_with_refits_shows_them_and_is_rebuilt_only_by_the_same_refits(saved_runs, monkeypatch, tmp_path, capsys):
     import json
 
     import arli.bench.critic as critic

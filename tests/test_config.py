@@ -2,6 +2,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -99,6 +100,10 @@ def test_wrong_type_is_rejected():
                                       r"  valid keys of run: .*\benv_steps\b"),
     ("finetune", "run.learner.utdd=2", r"^run\.learner\.utdd: unknown key; did you mean run\.learner\.utd\?"),
     ("rollout", "episode=5", r"^episode: unknown key; did you mean episodes\?\n  valid top-level keys: "),
+    # '+' on a dataclass section adds a key nothing reads: refused like a typo, not ignored
+    ("finetune", "+run.env_stpes=100", r"^\+run\.env_stpes=100: unknown key; did you mean run\.env_steps\? "
+                                       r"\('\+' adds keys only to mappings\)\n  valid keys of run: "),
+    ("rollout", "+episode=5", r"^\+episode=5: unknown key; did you mean episodes\?"),
     # a wrong type names the field, list items included
     ("finetune", "run.env_steps=abc", r"^run\.env_steps: Value 'abc' of type 'str' could not be converted"),
     ("rollout", "delay_steps=[0,x]", r"^delay_steps\[1\]: Value 'x'"),
@@ -134,6 +139,12 @@ def test_commands_missing_their_inputs_say_how_to_pass_them(tmp_path, capsys):
         assert main([*bench, f"report_dir={tmp_path}"]) == 2
         err = capsys.readouterr().err
         assert "runs: no finetune run at" in err and "run: no" not in err.replace("runs: no", ""), err
+    good = tmp_path / "good"  # a finished run's saved config, then a missing run: named before any is judged
+    good.mkdir()
+    (good / "config.yaml").write_text((Path(__file__).parents[1] / "reports/peg_insert_280b12/arli_d8_200k_s10/config.yaml").read_text())
+    assert main(["bench", "critic", f"runs=[{good},{tmp_path / 'gone'}]", f"report_dir={tmp_path}"]) == 2
+    assert f"runs: no finetune run at {tmp_path / 'gone'}" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.json"))
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("kept: true\n")

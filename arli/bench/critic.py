@@ -520,7 +520,7 @@ def main(cfg: BenchCriticConfig) -> int:
         raise ConfigError("runs: expected at least one `arli finetune` run directory, e.g. "
                           "'runs=[outputs/finetune_peg_insert_arli_d8_<time>]'")
     torch.set_num_threads(1)
-    if cfg.seed_base is not None and not cfg.report_only:  # refused before any run is judged
+    if not cfg.report_only:  # a missing run or an overlapping seed_base: refused before any run is judged
         for run_cfg in run_configs(list(cfg.runs)):
             roll_in_seeds(run_cfg.run, cfg.seed_base, cfg.episodes)
     if cfg.report_only:
