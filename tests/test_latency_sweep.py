@@ -603,12 +603,15 @@ def test_seeds_where_the_end_guard_deployed_the_start_are_named_in_the_cell():
         if r["variant"] == "arli":
             r["end_guard"] = {"split": "tune", "episodes": 30, "start": 0.9, "trained": 0.8 + 0.2 * r["seed"],
                               "reverted": r["seed"] == 0}
+            r["trained_outcomes"] = [1] * (20 + r["seed"]) + [0] * (80 - r["seed"])  # what the guard dropped
     (cell,) = [c for c in aggregate(rows, cfg) if c["variant"] == "arli"]
     assert cell["start_deployed_seeds"] == [0]
+    # the dropped residual's own test outcomes stay in the report, for the seeds where it was dropped only
+    assert cell["trained_per_seed"] == {"0": 0.2} and cell["trained_outcomes_by_seed"] == {"0": "1" * 20 + "0" * 80}
     md = markdown({"cells": [cell], "ceiling": [], "eval": {"episodes": 100, "seed_base": 5_000_000},
                    "command": "arli bench latency-sweep", "checkpoint_digest": "x", "verdicts": [], "machine": {},
                    "protocol": protocol(100, 2)}, cfg)
-    assert "(end guard: the start deployed on seeds [0])" in md
+    assert "(end guard: the start deployed on seeds [0]; the trained residual: 0.200)" in md
 
 
 def test_a_file_edited_while_a_worker_runs_makes_its_rows_stale(monkeypatch):

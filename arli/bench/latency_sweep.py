@@ -345,6 +345,12 @@ def aggregate(rows: list[dict], cfg: LatencySweepConfig) -> list[dict]:
                             # the end guard dropped the trained residual there: the final is the start
                             start_deployed_seeds=[r["seed"] for r in group
                                                   if (r.get("end_guard") or {}).get("reverted")],
+                            # where the start was deployed, what the trained residual it dropped got
+                            trained_per_seed={str(r["seed"]): rounded(np.mean(r["trained_outcomes"])) for r in group
+                                              if (r.get("end_guard") or {}).get("reverted") and "trained_outcomes" in r},
+                            trained_outcomes_by_seed={str(r["seed"]): _bits(r["trained_outcomes"]) for r in group
+                                                      if (r.get("end_guard") or {}).get("reverted")
+                                                      and "trained_outcomes" in r},
                             _start_outcomes={r["seed"]: r["start_outcomes"] for r in group})
             out.append(cell)
     return out
@@ -575,7 +581,9 @@ def markdown(p: dict, cfg: LatencySweepConfig) -> str:
             start += f" (= the base's outcomes on seeds {c['start_is_base_seeds']})"
         gain = "—" if c["gain_ci95"] is None else f"{c['gain_mean']:+.3f}{_ci(c['gain_ci95'], True)}"
         if c.get("start_deployed_seeds"):
-            gain += f" (end guard: the start deployed on seeds {c['start_deployed_seeds']})"
+            trained = ", ".join(f"{v:.3f}" for v in (c.get("trained_per_seed") or {}).values())
+            gain += (f" (end guard: the start deployed on seeds {c['start_deployed_seeds']}"
+                     + (f"; the trained residual: {trained}" if trained else "") + ")")
         reached = "not reached" if c["steps_to_80"] is None else c["steps_to_80"]
         rows.append(f"| {c['variant']} | {c['delay_steps']} | {seeds} | "
                     f"{c['success_mean']:.3f}{_ci(c['ci95'])} | {start} | {gain} | {reached} |")
@@ -600,7 +608,7 @@ def markdown(p: dict, cfg: LatencySweepConfig) -> str:
         "base on the tune episodes and RL starts from the base; inferred from the outcomes); gain: "
         "final - start, paired on the same seeds and episodes (\"end guard\": on those seeds the trained "
         "residual was below its start on the guard's tune episodes and the start was deployed, `run.end_guard`; the "
-        "trained one's test outcomes are in the cells' rows, `trained_outcomes`). "
+        "trained one's success and test outcomes are in the cell, `trained_per_seed`, `trained_outcomes_by_seed`). "
         "`bc_control`: the same learner with the critic's influence off (BC on the anchor rows, fading with "
         "the learner's anchor weight, after which the actor stops moving); `uniform_control`: AWR with every "
         "row weighted 1, the anchor rows fading as in the learner. Ceiling: `arli bench ceiling`'s projected expert "
