@@ -141,7 +141,8 @@ def test_commands_missing_their_inputs_say_how_to_pass_them(tmp_path, capsys):
         assert "runs: no finetune run at" in err and "run: no" not in err.replace("runs: no", ""), err
     good = tmp_path / "good"  # a finished run's saved config, then a missing run: named before any is judged
     good.mkdir()
-    (good / "config.yaml").write_text((Path(__file__).parents[1] / "reports/peg_insert_280b12/arli_d8_200k_s10/config.yaml").read_text())
+    saved = Path(__file__).parents[1] / "reports/peg_insert_280b12/arli_d8_200k_s10/config.yaml"
+    (good / "config.yaml").write_text(saved.read_text())
     assert main(["bench", "critic", f"runs=[{good},{tmp_path / 'gone'}]", f"report_dir={tmp_path}"]) == 2
     assert f"runs: no finetune run at {tmp_path / 'gone'}" in capsys.readouterr().err
     assert not list(tmp_path.glob("*.json"))

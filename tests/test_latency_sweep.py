@@ -611,7 +611,7 @@ def test_seeds_where_the_end_guard_deployed_the_start_are_named_in_the_cell():
     md = markdown({"cells": [cell], "ceiling": [], "eval": {"episodes": 100, "seed_base": 5_000_000},
                    "command": "arli bench latency-sweep", "checkpoint_digest": "x", "verdicts": [], "machine": {},
                    "protocol": protocol(100, 2)}, cfg)
-    assert "(end guard: the start deployed on seeds [0]; the trained residual: 0.200)" in md
+    assert "(end guard: the start deployed on seeds [0]; the trained residual: 0.200 (seed 0))" in md
 
 
 def test_a_file_edited_while_a_worker_runs_makes_its_rows_stale(monkeypatch):

@@ -336,21 +336,20 @@ def aggregate(rows: list[dict], cfg: LatencySweepConfig) -> list[dict]:
                 cell["runs_unrecorded_seeds"] = [r["seed"] for r in group if "run_dir" in r and not r.get("sources")]
             if variant in RL_VARIANTS:
                 starts = np.array([r["start_outcomes"] for r in group], float)
+                # the end guard dropped the trained residual there: the final is the start
+                dropped = [r for r in group if (r.get("end_guard") or {}).get("reverted")]
                 cell.update(start_mean=rounded(starts.mean()), gain_ci95=rounded_interval(gain_ci(finals, starts)),
                             gain_mean=rounded(finals.mean() - starts.mean()), start_ci95=rounded_interval(success_ci(starts)),
                             start_per_seed=[rounded(x) for x in starts.mean(1)],
                             start_outcomes_by_seed={str(r["seed"]): _bits(r["start_outcomes"]) for r in group},
                             start_is_base_seeds=[r["seed"] for r in group
                                                  if base_rows.get(d) == list(r["start_outcomes"])],
-                            # the end guard dropped the trained residual there: the final is the start
-                            start_deployed_seeds=[r["seed"] for r in group
-                                                  if (r.get("end_guard") or {}).get("reverted")],
-                            # where the start was deployed, what the trained residual it dropped got
-                            trained_per_seed={str(r["seed"]): rounded(np.mean(r["trained_outcomes"])) for r in group
-                                              if (r.get("end_guard") or {}).get("reverted") and "trained_outcomes" in r},
-                            trained_outcomes_by_seed={str(r["seed"]): _bits(r["trained_outcomes"]) for r in group
-                                                      if (r.get("end_guard") or {}).get("reverted")
-                                                      and "trained_outcomes" in r},
+                            start_deployed_seeds=[r["seed"] for r in dropped],
+                            # what the dropped residual itself got on the test episodes
+                            trained_per_seed={str(r["seed"]): rounded(np.mean(r["trained_outcomes"]))
+                                              for r in dropped if "trained_outcomes" in r},
+                            trained_outcomes_by_seed={str(r["seed"]): _bits(r["trained_outcomes"])
+                                                      for r in dropped if "trained_outcomes" in r},
                             _start_outcomes={r["seed"]: r["start_outcomes"] for r in group})
             out.append(cell)
     return out
@@ -581,7 +580,7 @@ def markdown(p: dict, cfg: LatencySweepConfig) -> str:
             start += f" (= the base's outcomes on seeds {c['start_is_base_seeds']})"
         gain = "—" if c["gain_ci95"] is None else f"{c['gain_mean']:+.3f}{_ci(c['gain_ci95'], True)}"
         if c.get("start_deployed_seeds"):
-            trained = ", ".join(f"{v:.3f}" for v in (c.get("trained_per_seed") or {}).values())
+            trained = ", ".join(f"{v:.3f} (seed {k})" for k, v in (c.get("trained_per_seed") or {}).items())
             gain += (f" (end guard: the start deployed on seeds {c['start_deployed_seeds']}"
                      + (f"; the trained residual: {trained}" if trained else "") + ")")
         reached = "not reached" if c["steps_to_80"] is None else c["steps_to_80"]
