@@ -95,7 +95,9 @@ def compose(config_name: str, overrides: list[str]) -> Any:
         added = _unknown_fields(cfg)
         if added:  # '+run.env_stpes=1' adds a key no dataclass reads: it would be ignored silently
             key, owner = added
-            asked = next((o for o in overrides if f'{o.split("=", 1)[0].lstrip("+~")}.'.startswith(f"{key}.")), key)
+            # from an override with '+', or else from a config file (a recipe, a task's group)
+            asked = next((o for o in overrides if o.startswith("+")
+                          and f'{o.split("=", 1)[0].lstrip("+")}.'.startswith(f"{key}.")), None)
             raise ConfigError(_unknown_key(key, owner, asked))
         obj = OmegaConf.to_object(cfg)
     except (ConfigCompositionException, HydraException, OmegaConfBaseException) as exc:
@@ -158,8 +160,12 @@ def _explain(cause: BaseException, schema: type, overrides: list[str], raised: B
     owner = getattr(cause, "object_type", None)
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and full_key and owner is dict:
         key = str(full_key).rsplit(".", 1)[-1]
-        return (f"{full_key}: not a key of the mapping {str(full_key)[: -len(key) - 1]} yet; add it with "
-                f"'+{full_key}=<value>'")
+        mapping = str(full_key)[: -len(key) - 1]
+        # `cameras={front: '0'}` merges into the mapping, and a merge may not add keys either
+        whole = next((o for o in overrides if o.split("=", 1)[0] == mapping and "=" in o), None)
+        also = f"; or set the whole mapping with '+{whole}'" if whole else ""
+        return (f"{full_key}: not a key of the mapping {mapping} yet; add it with "
+                f"'+{full_key}=<value>'{also}")
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and full_key:
         return _unknown_key(str(full_key), owner)
     if full_key and (isinstance(cause, ValidationError) or not isinstance(cause, MissingConfigException)):

@@ -115,6 +115,10 @@ def test_wrong_type_is_rejected():
     # a new key of a mapping, a group that needs +, a list index, an override Hydra refuses: each says the fix
     ("actor", "cameras.wrist=0", r"^cameras\.wrist: not a key of the mapping cameras yet; add it with "
                                  r"'\+cameras\.wrist=<value>'$"),
+    # a whole mapping in one override merges too: the message gives that override with '+'
+    ("actor", "cameras={front: '0'}", r"^cameras\.front: not a key of the mapping cameras yet; add it with "
+                                      r"'\+cameras\.front=<value>'; or set the whole mapping with "
+                                      r"'\+cameras=\{front: '0'\}'$"),
     ("finetune", "recipe=expo", r"No match in the defaults list\. \(To append to your default list use \+recipe=expo\)"),
     ("rollout", "delay_steps.5=1", r"^delay_steps\[5\]: list index out of range$"),
     ("rollout", "env=null", r"Config group override must be a string or a list.*; overrides: env=null$"),
@@ -123,6 +127,12 @@ def test_config_errors_name_the_field_and_what_it_takes(command, override, expec
     with pytest.raises(ConfigError) as err:
         compose(command, [override])
     assert re.search(expected, str(err.value), re.S), str(err.value)
+
+
+def test_the_fixes_the_mapping_errors_name_compose():
+    """What the messages above tell the user to type sets the mapping."""
+    assert compose("actor", ["+cameras.wrist=0"]).cameras == {"wrist": "0"}
+    assert compose("actor", ["+cameras={front: '0', wrist: '1'}"]).cameras == {"front": "0", "wrist": "1"}
 
 
 def test_commands_missing_their_inputs_say_how_to_pass_them(tmp_path, capsys):
