@@ -235,3 +235,46 @@ def test_awr_only_settings_are_not_listed_for_a_run_that_does_not_use_awr():
     awr = {"run": {"learner": {"actor_update": "awr", "awr_advantage": "q", "actor_lr": 3e-5}}}
     assert settings_diff(ref, dpg) == ["run.learner.actor_update=dpg", "run.learner.actor_lr=1e-06"]
     assert settings_diff(ref, awr) == ["run.learner.awr_advantage=q"]
+
+
+def test_runs_of_one_setting_on_several_training_seeds_are_pooled_and_paired_by_seed(tmp_path):
+    """A setting better on one training seed of three is not chosen: the interval is over
+    training seeds too (each run alone, seed 0's gain would be resolved)."""
+    ref = [_fake_run(tmp_path / f"ref{s}", f"run.seed={s}") for s in (2, 0, 1)]  # any order: paired in seed order
+    lucky = [_fake_run(tmp_path / f"lucky{s}", f"run.seed={s}", "run.learner.anchor_weight=0.5", wall=10.0 + s)
+             for s in (0, 1, 2)]
+    finals = {"ref0": REF, "ref1": REF, "ref2": REF, "lucky0": BETTER, "lucky1": REF, "lucky2": REF}
+    cfg = compose("bench_tune", [f"runs=[{','.join(ref + lucky)}]", "name=p", f"episodes={N}",
+                                 f"report_dir={tmp_path / 'reports'}"])
+    assert main(cfg, evaluate=FakeEval(finals)) == 0
+    report = json.loads((tmp_path / "reports" / "p.json").read_text())
+    reference, other = report["runs"]  # two settings, not six runs
+    assert reference["label"] == "ref0" and reference["seeds"] == [0, 1, 2] and reference["runs"] == ["ref0", "ref1",
+                                                                                                      "ref2"]
+    assert other["seeds"] == [0, 1, 2] and other["overrides"] == ["run.learner.anchor_weight=0.5"]
+    assert other["per_seed"] == [0.8, 0.5, 0.5] and other["success"] == pytest.approx(0.6)
+    assert len(other["outcomes"]) == 3 and other["outcomes"][0] == BETTER and other["wall_s"] == 11.0
+    g = other["gain_vs_reference"]
+    assert g["mean"] == pytest.approx(0.1) and g["ci95"][0] <= 0 and g["verdict"] == "unresolved"
+    assert report["chosen"]["chosen"] == "ref0" and "no setting's paired gain" in report["chosen"]["why"]
+    # seed 0's run alone against the reference's seed-0 run: resolved, which is what pooling guards against
+    alone = run_rows(["ref0", "lucky0"], [[], []], [REF, BETTER], BASE, [100, 100], [1.0, 1.0])
+    assert alone[1]["gain_vs_reference"]["verdict"] == "above"
+    md = (tmp_path / "reports" / "p.md").read_text()
+    assert "each setting on 3 training seeds" in md and "`lucky1` seed 1: 0.500" in md
+    # when every seed gains, the pooled gain is resolved and chosen
+    finals.update(lucky1=BETTER, lucky2=SOMEWHAT)
+    assert main(cfg, evaluate=FakeEval(finals)) == 0
+    assert json.loads((tmp_path / "reports" / "p.json").read_text())["chosen"]["chosen"] == "lucky0"
+
+
+def test_settings_on_other_numbers_of_seeds_or_a_seed_twice_are_refused_before_evaluating(tmp_path):
+    ref = [_fake_run(tmp_path / f"ref{s}", f"run.seed={s}") for s in (0, 1)]
+    one = _fake_run(tmp_path / "one", "run.learner.anchor_weight=0.5")
+    with pytest.raises(ConfigError, match=r"runs: every setting needs the same number of training seeds .*ref0: 2, "
+                                          r"one: 1"):
+        main(compose("bench_tune", [f"runs=[{ref[0]},{ref[1]},{one}]", f"report_dir={tmp_path}"]), evaluate=_never)
+    again = _fake_run(tmp_path / "again", "run.seed=1")
+    with pytest.raises(ConfigError, match=r"runs: .*ref1 and .*again are one setting on one training seed "
+                                          r"\(run.seed=1\)"):
+        main(compose("bench_tune", [f"runs=[{ref[0]},{ref[1]},{again}]", f"report_dir={tmp_path}"]), evaluate=_never)

@@ -2,10 +2,13 @@
 tune seeds, by code. Every finetune run (the first is the reference, e.g. the current default)
 is loaded as ``arli eval`` loads it and its finetuned residual evaluated on the same
 ``episodes`` tune episodes (seeds ``run.tune_seed ..``, never the test seeds), the base alone
-once on them; per run: the settings that differ from the reference (as Hydra overrides), its
-tune success with a 95% bootstrap interval and the paired gains vs the reference and vs the
-base. The choice: the highest tune success among the runs whose paired gain over the reference
-has a 95% interval above 0; none -> the reference is kept. -> ``<report_dir>/<name>.{json,md,png}``.
+once on them. Runs whose settings differ only in ``run.seed`` are one setting on several
+training seeds (every setting the same number of them, paired in seed order); per setting:
+the settings that differ from the reference (as Hydra overrides), its tune success with a
+95% two-level bootstrap interval (training seeds, episodes) and the paired gains vs the
+reference and vs the base. The choice: the highest tune success among the settings whose
+paired gain over the reference has a 95% interval above 0; none -> the reference is kept.
+-> ``<report_dir>/<name>.{json,md,png}``.
 
 These are tune numbers, for choosing: the chosen setting's numbers to report come from its
 test seeds (``arli finetune`` / ``arli bench runs``), which no choice saw."""
@@ -203,25 +206,62 @@ def _gain(after: np.ndarray, before: np.ndarray) -> dict:
 
 
 def run_rows(labels: list[str], overrides: list[list[str]], finals: list, base, env_steps: list[int],
-             wall_s: list, awr: list | None = None) -> list[dict]:
-    """Per run: its tune success with a 95% interval and the paired gains vs the reference
-    (the first) and vs the base alone, all on the same episodes (1 x episodes matrices)."""
+             wall_s: list, awr: list | None = None, seeds: list[list[int]] | None = None) -> list[dict]:
+    """Per setting: its tune success with a 95% interval and the paired gains vs the reference
+    (the first) and vs the base alone, all on the same episodes. ``finals[i]``: (S, N) outcomes
+    of setting i on its S training seeds (or (N,) for one run), S the same for every setting;
+    the other lists hold one entry per setting (``wall_s``, ``awr``: per run)."""
     base = np.asarray(base, float)[None]
-    outcomes = [np.asarray(f, float)[None] for f in finals]
+    outcomes = [np.atleast_2d(np.asarray(f, float)) for f in finals]
+    if len({x.shape for x in outcomes}) > 1:
+        raise ValueError(f"every setting needs the same (seeds, episodes), got {[x.shape for x in outcomes]}")
+    seeds = seeds or [[None]] * len(labels)
     rows = []
-    for label, over, x, steps, wall, spread in zip(labels, overrides, outcomes, env_steps, wall_s,
-                                                    awr or [None] * len(labels)):
+    for label, over, x, steps, wall, spread, s in zip(labels, overrides, outcomes, env_steps, wall_s,
+                                                       awr or [None] * len(labels), seeds):
         rows.append({"label": label, "overrides": over, "env_steps": steps, "wall_s": wall, "awr": spread,
-                     "success": float(x.mean()), "ci95": list(success_ci(x)),
+                     "seeds": s, "success": float(x.mean()), "ci95": list(success_ci(x)),
+                     "per_seed": [float(v) for v in x.mean(1)],
                      "gain_vs_reference": _gain(x, outcomes[0]), "gain_vs_base": _gain(x, base),
-                     "outcomes": [int(v) for v in x[0]]})
+                     # (N,) for one training seed, else (S, N) in the order of ``seeds``
+                     "outcomes": x.astype(int).tolist()[0] if len(x) == 1 else x.astype(int).tolist()})
     return rows
 
 
+# what two runs of one setting on two training seeds may differ in
+NOT_A_SETTING = ("run.seed", "output_dir", "resume", "videos", "video_size")
+
+
+def settings_of(dirs: list[str], labels: list[str], dicts: list[dict]) -> list[list[int]]:
+    """Runs grouped by setting: runs whose configs differ only in ``run.seed`` (and where they
+    write: ``NOT_A_SETTING``) are one setting (the reference's first), in the order each setting first appears, each group's runs
+    in seed order. Refuses two runs of one setting on one seed, and settings on different
+    numbers of training seeds (their gains are paired by seed)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, d in enumerate(dicts):
+        key = tuple(sorted((k, repr(v)) for k, v in flatten(d).items() if k not in NOT_A_SETTING))
+        groups.setdefault(key, []).append(i)
+    out = []
+    for members in groups.values():
+        by_seed: dict[int, int] = {}
+        for i in members:
+            seed = dicts[i]["run"]["seed"]
+            if seed in by_seed:
+                raise ConfigError(f"runs: {dirs[by_seed[seed]]} and {dirs[i]} are one setting on one training seed "
+                                  f"(run.seed={seed}); pass each (setting, seed) once")
+            by_seed[seed] = i
+        out.append([by_seed[s] for s in sorted(by_seed)])
+    counts = {labels[g[0]]: len(g) for g in out}
+    if len(set(counts.values())) > 1:
+        raise ConfigError(f"runs: every setting needs the same number of training seeds (paired by seed), got "
+                          f"{', '.join(f'{k}: {v}' for k, v in counts.items())}; pass the same seeds for each")
+    return out
+
+
 def choose(rows: list[dict], episodes: int) -> dict:
-    """The highest tune success among the runs whose paired gain over the reference (the
+    """The highest tune success among the settings whose paired gain over the reference (the
     first row) has a 95% interval with lower bound > 0 (ties: the larger lower bound, then
-    the earlier run); none -> the reference is kept."""
+    the earlier one); none -> the reference is kept."""
     ref = rows[0]
     better = [r for r in rows[1:] if r["gain_vs_reference"]["ci95"][0] > 0]
     if better:
@@ -232,13 +272,13 @@ def choose(rows: list[dict], episodes: int) -> dict:
                         f"{pick['success']:.3f} vs the reference {ref['label']}'s {ref['success']:.3f}, paired gain "
                         f"{g['mean']:+.3f} with 95% CI [{g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}] above 0 on "
                         f"{episodes} tune episodes; the highest tune success of the {len(better)} of "
-                        f"{len(rows) - 1} runs whose gain over the reference is resolved above 0")}
+                        f"{len(rows) - 1} settings whose gain over the reference is resolved above 0")}
     if len(rows) == 1:
         return {"chosen": ref["label"], "why": "only the reference was given; it is kept"}
     best = max(rows[1:], key=lambda r: r["gain_vs_reference"]["mean"])
     g = best["gain_vs_reference"]
     return {"chosen": ref["label"],
-            "why": (f"no run's paired gain over the reference {ref['label']} has a 95% CI above 0 on {episodes} "
+            "why": (f"no setting's paired gain over the reference {ref['label']} has a 95% CI above 0 on {episodes} "
                     f"tune episodes (the largest: {best['label']} {g['mean']:+.3f}, CI [{g['ci95'][0]:+.3f}, "
                     f"{g['ci95'][1]:+.3f}], {g['verdict']}); the reference is kept")}
 
@@ -254,9 +294,13 @@ def markdown(cfg: BenchTuneConfig, payload: dict) -> list[str]:
     md = [f"# {cfg.name}: {len(rows)} settings on `{payload['env']}`, d = {payload['delay_steps']}, tune seeds",
           "", f"`{command_line(cfg)}`", "",
           f"Each run's finetuned residual and the base alone on the same {ev['episodes']} **tune** episodes (seeds "
-          f"{ev['seed_base']}..{ev['seed_base'] + ev['episodes'] - 1}); 95% bootstrap intervals over episodes, "
-          f"gains paired on the episodes. The reference is `{rows[0]['label']}`.", "",
-          "| run | settings vs reference | env steps | wall s | tune success | 95% CI | gain vs reference "
+          f"{ev['seed_base']}..{ev['seed_base'] + ev['episodes'] - 1}); "
+          + (f"each setting on {len(rows[0]['seeds'])} training seeds (runs that differ only in `run.seed`), 95% "
+             "two-level bootstrap intervals over training seeds and episodes, gains paired on seeds (in seed order) "
+             if len(rows[0]["seeds"]) > 1 else
+             "one run per setting, 95% bootstrap intervals over episodes (not over training seeds), gains paired ")
+          + f"and episodes. The reference is `{rows[0]['label']}`.", "",
+          "| setting | settings vs reference | env steps | wall s | tune success | 95% CI | gain vs reference "
           "| 95% CI | verdict | gain vs base | 95% CI | verdict |",
           "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
           f"| base alone | — | — | — | {base['success']:.3f} | {base['ci95'][0]:.3f}–{base['ci95'][1]:.3f} "
@@ -265,13 +309,17 @@ def markdown(cfg: BenchTuneConfig, payload: dict) -> list[str]:
         gr, gb = r["gain_vs_reference"], r["gain_vs_base"]
         settings = "(reference)" if i == 0 else " ".join(f"`{o}`" for o in r["overrides"]) or "(same settings)"
         mark = " **(chosen)**" if r["label"] == chosen["chosen"] else ""
+        if len(r["seeds"]) > 1:  # the setting's runs and their seeds, each run's tune success
+            mark += " (" + ", ".join(f"`{n}` seed {sd}: {x:.3f}" for n, sd, x in zip(r["runs"], r["seeds"],
+                                                                                   r["per_seed"])) + ")"
         wall = "—" if r["wall_s"] is None else f"{r['wall_s']:.0f}"
         md.append(f"| `{r['label']}`{mark} | {settings} | {r['env_steps']} | {wall} | {r['success']:.3f} | "
                   f"{r['ci95'][0]:.3f}–{r['ci95'][1]:.3f} | "
                   + ("— | — | — | " if i == 0 else
                      f"{gr['mean']:+.3f} | {gr['ci95'][0]:+.3f} – {gr['ci95'][1]:+.3f} | {gr['verdict']} | ")
                   + f"{gb['mean']:+.3f} | {gb['ci95'][0]:+.3f} – {gb['ci95'][1]:+.3f} | {gb['verdict']} |")
-    measured = [r for r in rows if r.get("awr")]
+    measured = [(label, a) for r in rows for label, a in (r.get("awr_by_run") or {r["label"]: r.get("awr")}).items()
+                if a]
     if measured:
         md += ["", "What each critic steers at the end (AWR weights on 2,048 rows of the run's online replay, "
                "`ResidualLearner.measure_awr`): the weights' effective sample size as a share of the rows (1 = "
@@ -279,15 +327,14 @@ def markdown(cfg: BenchTuneConfig, payload: dict) -> list[str]:
                "disagreement about it (SNR < 1: the weights follow critic noise more than action quality).", "",
                "| run | weight ESS | weights at the clip | advantage std | median \\|A\\| | heads' std of A | SNR |",
                "|---|---:|---:|---:|---:|---:|---:|"]
-        for r in measured:
-            a = r["awr"]
-            md.append(f"| `{r['label']}` | {a['awr_weight_ess']:.3f} | {a['awr_weight_clipped']:.3f} | "
+        for label, a in measured:
+            md.append(f"| `{label}` | {a['awr_weight_ess']:.3f} | {a['awr_weight_clipped']:.3f} | "
                       f"{a['advantage_std']:.4f} | {a['advantage_abs_p50']:.4f} | "
                       f"{a.get('advantage_head_std', float('nan')):.4f} | {a.get('advantage_snr', float('nan')):.2f} |")
     md += ["", f"**Chosen: `{chosen['chosen']}`.** {chosen['why']}.", "",
-           "The rule, in code (`arli.bench.tune.choose`): the highest tune success among the runs whose paired "
+           "The rule, in code (`arli.bench.tune.choose`): the highest tune success among the settings whose paired "
            "gain over the reference has a 95% CI lower bound > 0; none -> the reference is kept. Each interval "
-           "is per comparison (no correction for the number of runs).", "",
+           "is per comparison (no correction for the number of settings).", "",
            "*These are tune seeds: numbers for choosing, not for reporting.* The chosen setting's numbers come "
            "from its test seeds (`summary.json` / `eval_test.json` of its runs, `arli bench runs` over training "
            "seeds), which no choice saw.", "", f"![tune success]({cfg.name}.png)", ""]
@@ -297,7 +344,7 @@ def markdown(cfg: BenchTuneConfig, payload: dict) -> list[str]:
 def plot(path: str, payload: dict) -> None:
     rows, base, chosen = payload["runs"], payload["base"], payload["chosen"]["chosen"]
     with success_plot(path, f"{payload['env']}, d = {payload['delay_steps']}: tune success "
-                      f"({payload['eval']['episodes']} episodes)\nchosen: {chosen}", "run",
+                      f"({payload['eval']['episodes']} episodes)\nchosen: {chosen}", "setting",
                       figsize=(max(5.0, 1.2 * len(rows) + 2), 4.2)) as ax:
         seen = set()
         for i, r in enumerate(rows):
@@ -308,6 +355,10 @@ def plot(path: str, payload: dict) -> None:
             err = [[r["success"] - r["ci95"][0]], [r["ci95"][1] - r["success"]]]
             ax.bar(i, r["success"], yerr=err, capsize=4, color=color, label=None if kind in seen else kind)
             seen.add(kind)
+            if len(r.get("per_seed", [])) > 1:  # each training seed's run
+                ax.scatter([i] * len(r["per_seed"]), r["per_seed"], s=14, color="black", zorder=3,
+                           label=None if "seed" in seen else "one training seed")
+                seen.add("seed")
         ax.axhline(base["success"], color="black", linestyle="--", label="base alone")
         ax.set_xticks(range(len(rows)))
         ax.set_xticklabels([r["label"] for r in rows], rotation=25, ha="right", fontsize=8)
@@ -324,6 +375,7 @@ def main(cfg: BenchTuneConfig, evaluate: Evaluate = evaluate_run) -> int:
     check_comparable(dirs, dicts)
     seed_base, episodes = configs[0].run.tune_seed, cfg.episodes
     check_tune_seeds(dirs, configs, seed_base, episodes)
+    groups = settings_of(dirs, labels, dicts)
     results = []
     for i, (run_dir, run_cfg) in enumerate(tqdm(list(zip(dirs, configs)), desc="runs", unit="run")):
         res = evaluate(run_dir, run_cfg, seed_base, episodes, i == 0)
@@ -338,9 +390,19 @@ def main(cfg: BenchTuneConfig, evaluate: Evaluate = evaluate_run) -> int:
                               f"at {summary_steps} (a resumed run not finished?); pass finished runs")
         results.append(res)
         tqdm.write(f"{labels[i]}: tune success {np.mean(res['final']):.3f} on {episodes} episodes")
-    rows = run_rows(labels, [settings_diff(dicts[0], d) for d in dicts], [r["final"] for r in results],
-                    results[0]["base"], [r.get("env_steps", s.get("env_steps")) for r, s in zip(results, summaries)],
-                    [s.get("wall_s") for s in summaries], [r.get("awr") for r in results])
+    steps = [r.get("env_steps", s.get("env_steps")) for r, s in zip(results, summaries)]
+    walls = [s.get("wall_s") for s in summaries]
+    rows = run_rows([labels[g[0]] for g in groups],
+                    [[o for o in settings_diff(dicts[0], dicts[g[0]]) if not (len(g) > 1 and o.startswith("run.seed="))]
+                     for g in groups],
+                    [[results[i]["final"] for i in g] for g in groups], results[0]["base"],
+                    [steps[g[0]] for g in groups],
+                    [None if any(walls[i] is None for i in g) else float(np.mean([walls[i] for i in g])) for g in groups],
+                    [results[g[0]].get("awr") if len(g) == 1 else None for g in groups],
+                    [[dicts[i]["run"]["seed"] for i in g] for g in groups])
+    for row, g in zip(rows, groups):
+        row["runs"] = [labels[i] for i in g]
+        row["awr_by_run"] = {labels[i]: results[i].get("awr") for i in g}
     base = np.asarray(results[0]["base"], float)[None]
     payload = {"env": results[0]["env"], "delay_steps": results[0]["delay_steps"], "reference": labels[0],
                "command": command_line(cfg), "eval": {"split": "tune", "seed_base": seed_base, "episodes": episodes},
