@@ -95,10 +95,7 @@ def compose(config_name: str, overrides: list[str]) -> Any:
         added = _unknown_fields(cfg)
         if added:  # '+run.env_stpes=1' adds a key no dataclass reads: it would be ignored silently
             key, owner = added
-            # from an override with '+', or else from a config file (a recipe, a task's group)
-            asked = next((o for o in overrides if o.startswith("+")
-                          and f'{o.split("=", 1)[0].lstrip("+")}.'.startswith(f"{key}.")), None)
-            raise ConfigError(_unknown_key(key, owner, asked))
+            raise ConfigError(_unknown_key(key, owner, _added_by(key, overrides)))
         obj = OmegaConf.to_object(cfg)
     except (ConfigCompositionException, HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(_explain(exc.__cause__ or exc, schema, overrides, exc)) from None
@@ -128,6 +125,16 @@ def _unknown_fields(node: Any, prefix: str = "") -> tuple[str, type] | None:
         if found:
             return found
     return None
+
+
+def _added_by(key: str, overrides: list[str]) -> str | None:
+    """The override with '+' (or '++') that added ``key``: it names the key, a key under it, or
+    a mapping above it (`+run={env_stpes: 1}`); None where a config file (a recipe, a task's
+    group) added it."""
+    def names(o: str) -> bool:
+        target = o.split("=", 1)[0].lstrip("+")
+        return f"{target}.".startswith(f"{key}.") or f"{key}.".startswith(f"{target}.")
+    return next((o for o in overrides if o.startswith("+") and names(o)), None)
 
 
 def _unknown_key(full_key: str, owner: Any, asked: str | None = None) -> str:
@@ -163,11 +170,11 @@ def _explain(cause: BaseException, schema: type, overrides: list[str], raised: B
         mapping = str(full_key)[: -len(key) - 1]
         # `cameras={front: '0'}` merges into the mapping, and a merge may not add keys either
         whole = next((o for o in overrides if o.split("=", 1)[0] == mapping and "=" in o), None)
-        also = f"; or set the whole mapping with '+{whole}'" if whole else ""
+        also = f"; or add its keys with '+{whole}'" if whole else ""
         return (f"{full_key}: not a key of the mapping {mapping} yet; add it with "
                 f"'+{full_key}=<value>'{also}")
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and full_key:
-        return _unknown_key(str(full_key), owner)
+        return _unknown_key(str(full_key), owner, _added_by(str(full_key), overrides))
     if full_key and (isinstance(cause, ValidationError) or not isinstance(cause, MissingConfigException)):
         return f"{full_key}: {first}"
     if isinstance(cause, MissingConfigException) and "Available options in" in message:

@@ -159,8 +159,14 @@ def test_runs_evaluated_differently_are_refused_naming_the_field(tmp_path, overr
 def test_a_latency_model_that_does_not_decide_the_delay_is_not_a_difference(tmp_path):
     ref = _fake_run(tmp_path / "ref")
     other = _fake_run(tmp_path / "other", "latency=lognormal")  # delay_steps=4 fixes the delay on both
-    cfg = compose("bench_tune", [f"runs=[{ref},{other}]", f"episodes={N}", f"report_dir={tmp_path}"])
-    assert main(cfg, evaluate=FakeEval({"ref": REF, "other": REF})) == 0
+    # not refused as evaluated differently: the same setting, so on the same seed it is the same run
+    with pytest.raises(ConfigError, match=r"runs: .*ref and .*other are one setting on one training seed"):
+        main(compose("bench_tune", [f"runs=[{ref},{other}]", f"episodes={N}", f"report_dir={tmp_path}"]),
+             evaluate=_never)
+    lr = _fake_run(tmp_path / "lr", "latency=lognormal", "run.learner.actor_lr=1e-5")
+    cfg = compose("bench_tune", [f"runs=[{ref},{lr}]", "name=l", f"episodes={N}", f"report_dir={tmp_path}"])
+    assert main(cfg, evaluate=FakeEval({"ref": REF, "lr": REF})) == 0
+    assert json.loads((tmp_path / "l.json").read_text())["runs"][1]["overrides"] == ["run.learner.actor_lr=1e-05"]
 
 
 def test_runs_without_a_checkpoint_or_unfinished_and_test_seeds_are_refused(tmp_path, capsys):
@@ -239,42 +245,51 @@ def test_awr_only_settings_are_not_listed_for_a_run_that_does_not_use_awr():
 
 def test_runs_of_one_setting_on_several_training_seeds_are_pooled_and_paired_by_seed(tmp_path):
     """A setting better on one training seed of three is not chosen: the interval is over
-    training seeds too (each run alone, seed 0's gain would be resolved)."""
-    ref = [_fake_run(tmp_path / f"ref{s}", f"run.seed={s}") for s in (2, 0, 1)]  # any order: paired in seed order
+    training seeds too (each run alone, seed 0's gain would be resolved). Runs pair by seed,
+    not by the order given; keys that only evaluate a run (run.eval_every) split no setting."""
+    ref = [_fake_run(tmp_path / f"ref{s}", f"run.seed={s}", f"run.eval_every={1000 * (s + 1)}") for s in (2, 0, 1)]
     lucky = [_fake_run(tmp_path / f"lucky{s}", f"run.seed={s}", "run.learner.anchor_weight=0.5", wall=10.0 + s)
-             for s in (0, 1, 2)]
-    finals = {"ref0": REF, "ref1": REF, "ref2": REF, "lucky0": BETTER, "lucky1": REF, "lucky2": REF}
+             for s in (1, 2, 0)]
+    worse = [1] * 15 + [0] * 25  # the reference on seed 1: 0.375
+    finals = {"ref0": REF, "ref1": worse, "ref2": REF, "lucky0": BETTER, "lucky1": worse, "lucky2": REF}
     cfg = compose("bench_tune", [f"runs=[{','.join(ref + lucky)}]", "name=p", f"episodes={N}",
                                  f"report_dir={tmp_path / 'reports'}"])
     assert main(cfg, evaluate=FakeEval(finals)) == 0
     report = json.loads((tmp_path / "reports" / "p.json").read_text())
     reference, other = report["runs"]  # two settings, not six runs
-    assert reference["label"] == "ref0" and reference["seeds"] == [0, 1, 2] and reference["runs"] == ["ref0", "ref1",
-                                                                                                      "ref2"]
-    assert other["seeds"] == [0, 1, 2] and other["overrides"] == ["run.learner.anchor_weight=0.5"]
-    assert other["per_seed"] == [0.8, 0.5, 0.5] and other["success"] == pytest.approx(0.6)
-    assert len(other["outcomes"]) == 3 and other["outcomes"][0] == BETTER and other["wall_s"] == 11.0
-    g = other["gain_vs_reference"]
-    assert g["mean"] == pytest.approx(0.1) and g["ci95"][0] <= 0 and g["verdict"] == "unresolved"
+    assert report["reference"] == reference["label"] == "ref0" and reference["runs"] == ["ref0", "ref1", "ref2"]
+    assert reference["seeds"] == other["seeds"] == [0, 1, 2] and other["runs"] == ["lucky0", "lucky1", "lucky2"]
+    assert other["overrides"] == ["run.learner.anchor_weight=0.5"] and reference["overrides"] == []
+    assert other["per_seed"] == [0.8, 0.375, 0.5] and other["success"] == pytest.approx(1.675 / 3)
+    assert other["outcomes_by_seed"]["1"] == "".join(map(str, worse)) and other["wall_s"] == 11.0
+    g = other["gain_vs_reference"]  # paired by seed: +0.3, 0, 0 (by the order given it would not be)
+    assert g["mean"] == pytest.approx(0.1) and g["ci95"][0] == pytest.approx(0) and g["verdict"] == "unresolved"
     assert report["chosen"]["chosen"] == "ref0" and "no setting's paired gain" in report["chosen"]["why"]
     # seed 0's run alone against the reference's seed-0 run: resolved, which is what pooling guards against
     alone = run_rows(["ref0", "lucky0"], [[], []], [REF, BETTER], BASE, [100, 100], [1.0, 1.0])
     assert alone[1]["gain_vs_reference"]["verdict"] == "above"
     md = (tmp_path / "reports" / "p.md").read_text()
-    assert "each setting on 3 training seeds" in md and "`lucky1` seed 1: 0.500" in md
+    assert "each setting on 3 training seeds" in md and "`lucky1` seed 1: 0.375" in md and "wall s (mean)" in md
     # when every seed gains, the pooled gain is resolved and chosen
-    finals.update(lucky1=BETTER, lucky2=SOMEWHAT)
+    finals.update(lucky1=SOMEWHAT, lucky2=BETTER)
     assert main(cfg, evaluate=FakeEval(finals)) == 0
     assert json.loads((tmp_path / "reports" / "p.json").read_text())["chosen"]["chosen"] == "lucky0"
 
 
-def test_settings_on_other_numbers_of_seeds_or_a_seed_twice_are_refused_before_evaluating(tmp_path):
+def test_settings_on_other_seeds_a_seed_twice_or_one_setting_alone_are_refused_before_evaluating(tmp_path):
     ref = [_fake_run(tmp_path / f"ref{s}", f"run.seed={s}") for s in (0, 1)]
     one = _fake_run(tmp_path / "one", "run.learner.anchor_weight=0.5")
-    with pytest.raises(ConfigError, match=r"runs: every setting needs the same number of training seeds .*ref0: 2, "
-                                          r"one: 1"):
+    with pytest.raises(ConfigError, match=r"runs: every setting needs the reference's training seeds .*ref0: seeds "
+                                          r"\[0, 1\] \(the reference\); one: seeds \[0\] "
+                                          r"\(run.learner.anchor_weight=0.5\)"):
         main(compose("bench_tune", [f"runs=[{ref[0]},{ref[1]},{one}]", f"report_dir={tmp_path}"]), evaluate=_never)
+    other = [_fake_run(tmp_path / f"o{s}", f"run.seed={s}", "run.learner.anchor_weight=0.5") for s in (1, 2)]
+    with pytest.raises(ConfigError, match=r"every setting needs the reference's training seeds .*o1: seeds \[1, 2\]"):
+        main(compose("bench_tune", [f"runs=[{','.join(ref + other)}]", f"report_dir={tmp_path}"]), evaluate=_never)
     again = _fake_run(tmp_path / "again", "run.seed=1")
     with pytest.raises(ConfigError, match=r"runs: .*ref1 and .*again are one setting on one training seed "
                                           r"\(run.seed=1\)"):
         main(compose("bench_tune", [f"runs=[{ref[0]},{ref[1]},{again}]", f"report_dir={tmp_path}"]), evaluate=_never)
+    with pytest.raises(ConfigError, match=r"runs: every run is one setting \(the reference's, on training seeds "
+                                          r"\[0, 1\]\); pass runs of another setting"):
+        main(compose("bench_tune", [f"runs=[{ref[0]},{ref[1]}]", f"report_dir={tmp_path}"]), evaluate=_never)

@@ -117,8 +117,13 @@ def test_wrong_type_is_rejected():
                                  r"'\+cameras\.wrist=<value>'$"),
     # a whole mapping in one override merges too: the message gives that override with '+'
     ("actor", "cameras={front: '0'}", r"^cameras\.front: not a key of the mapping cameras yet; add it with "
-                                      r"'\+cameras\.front=<value>'; or set the whole mapping with "
+                                      r"'\+cameras\.front=<value>'; or add its keys with "
                                       r"'\+cameras=\{front: '0'\}'$"),
+    # '++' adds like '+', and a mapping given above the unknown key is the override named
+    ("finetune", "++run.env_stpes=1", r"^\+\+run\.env_stpes=1: unknown key; did you mean run\.env_steps\? "
+                                      r"\('\+' adds keys only to mappings\)"),
+    ("finetune", "+run={env_stpes: 1}", r"^\+run=\{env_stpes: 1\}: unknown key; did you mean run\.env_steps\? "
+                                        r"\('\+' adds keys only to mappings\)"),
     ("finetune", "recipe=expo", r"No match in the defaults list\. \(To append to your default list use \+recipe=expo\)"),
     ("rollout", "delay_steps.5=1", r"^delay_steps\[5\]: list index out of range$"),
     ("rollout", "env=null", r"Config group override must be a string or a list.*; overrides: env=null$"),

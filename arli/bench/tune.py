@@ -223,23 +223,48 @@ def run_rows(labels: list[str], overrides: list[list[str]], finals: list, base, 
                      "seeds": s, "success": float(x.mean()), "ci95": list(success_ci(x)),
                      "per_seed": [float(v) for v in x.mean(1)],
                      "gain_vs_reference": _gain(x, outcomes[0]), "gain_vs_base": _gain(x, base),
-                     # (N,) for one training seed, else (S, N) in the order of ``seeds``
-                     "outcomes": x.astype(int).tolist()[0] if len(x) == 1 else x.astype(int).tolist()})
+                     # every episode's outcome (0 / 1): a list for one training seed, else per seed a string
+                     **({"outcomes": [int(v) for v in x[0]]} if len(x) == 1 else
+                        {"outcomes_by_seed": {str(sd): "".join(str(int(v)) for v in r) for sd, r in zip(s, x)}})})
     return rows
 
 
-# what two runs of one setting on two training seeds may differ in
-NOT_A_SETTING = ("run.seed", "output_dir", "resume", "videos", "video_size")
+# what two runs of one setting on two training seeds may differ in: where they write, and what
+# only evaluates them (the checkpoint is saved before the test episodes; `bench latency-sweep`
+# frees the same keys)
+NOT_A_SETTING = ("run.seed", "output_dir", "resume", "videos", "video_size", "run.eval_every", "run.test_episodes",
+                 "run.test_seed")
+
+
+def setting_key(config: dict[str, Any]) -> dict[str, Any]:
+    """The flattened keys of a run's config that make its setting, with the rules by which
+    ``check_comparable`` and ``settings_diff`` compare runs: not ``NOT_A_SETTING``, not how the
+    base was pretrained (``checkpoint`` names it), not the latency model where ``delay_steps``
+    fixes the delay, not AWR's own settings where the actor update is not AWR."""
+    flat = flatten(config)
+    awr = flat.get("run.learner.actor_update") == "awr"
+    return {k: v for k, v in flat.items()
+            if k not in NOT_A_SETTING and not k.startswith("pretrain.")
+            and not ((k == "latency" or k.startswith("latency.")) and flat.get("delay_steps") is not None)
+            and not (not awr and k in {f"run.learner.{n}" for n in AWR_ONLY})}
+
+
+def shown_overrides(reference: dict[str, Any], run: dict[str, Any], pooled: bool) -> list[str]:
+    """``settings_diff`` without the keys that are no setting (``run.seed`` kept for a setting
+    on one seed: which seed it ran is then part of the comparison)."""
+    free = tuple(k for k in NOT_A_SETTING if not (k == "run.seed" and not pooled))
+    return [o for o in settings_diff(reference, run) if o.lstrip("+~").split("=", 1)[0] not in free]
 
 
 def settings_of(dirs: list[str], labels: list[str], dicts: list[dict]) -> list[list[int]]:
-    """Runs grouped by setting: runs whose configs differ only in ``run.seed`` (and where they
-    write: ``NOT_A_SETTING``) are one setting (the reference's first), in the order each setting first appears, each group's runs
-    in seed order. Refuses two runs of one setting on one seed, and settings on different
-    numbers of training seeds (their gains are paired by seed)."""
+    """Runs grouped by setting (``setting_key``): runs that differ only in ``run.seed`` and in
+    ``NOT_A_SETTING`` are one setting on several training seeds, in the order each setting first
+    appears (the reference's first), each group's runs in seed order. Refuses two runs of one
+    setting on one seed, a single setting (nothing to choose), and, with more than one seed per
+    setting, settings on other training seeds than the reference's (gains are paired by seed)."""
     groups: dict[tuple, list[int]] = {}
     for i, d in enumerate(dicts):
-        key = tuple(sorted((k, repr(v)) for k, v in flatten(d).items() if k not in NOT_A_SETTING))
+        key = tuple(sorted((k, repr(v)) for k, v in setting_key(d).items()))
         groups.setdefault(key, []).append(i)
     out = []
     for members in groups.values():
@@ -251,10 +276,16 @@ def settings_of(dirs: list[str], labels: list[str], dicts: list[dict]) -> list[l
                                   f"(run.seed={seed}); pass each (setting, seed) once")
             by_seed[seed] = i
         out.append([by_seed[s] for s in sorted(by_seed)])
-    counts = {labels[g[0]]: len(g) for g in out}
-    if len(set(counts.values())) > 1:
-        raise ConfigError(f"runs: every setting needs the same number of training seeds (paired by seed), got "
-                          f"{', '.join(f'{k}: {v}' for k, v in counts.items())}; pass the same seeds for each")
+    seeds = [[dicts[i]["run"]["seed"] for i in g] for g in out]
+    if len(out) == 1:
+        raise ConfigError(f"runs: every run is one setting (the reference's, on training seeds {seeds[0]}); pass "
+                          "runs of another setting to compare with it")
+    if any(len(g) > 1 for g in out) and any(s != seeds[0] for s in seeds):
+        listed = "; ".join(f"{labels[g[0]]}: seeds {s}"
+                           + (f" ({' '.join(shown_overrides(dicts[out[0][0]], dicts[g[0]], True)) or 'same settings'})"
+                              if k else " (the reference)") for k, (g, s) in enumerate(zip(out, seeds)))
+        raise ConfigError(f"runs: every setting needs the reference's training seeds (gains are paired by seed), "
+                          f"got {listed}; pass each setting on the same seeds")
     return out
 
 
@@ -298,9 +329,9 @@ def markdown(cfg: BenchTuneConfig, payload: dict) -> list[str]:
           + (f"each setting on {len(rows[0]['seeds'])} training seeds (runs that differ only in `run.seed`), 95% "
              "two-level bootstrap intervals over training seeds and episodes, gains paired on seeds (in seed order) "
              if len(rows[0]["seeds"]) > 1 else
-             "one run per setting, 95% bootstrap intervals over episodes (not over training seeds), gains paired ")
+             "one run per setting, 95% bootstrap intervals over episodes (not over training seeds), gains paired on ")
           + f"and episodes. The reference is `{rows[0]['label']}`.", "",
-          "| setting | settings vs reference | env steps | wall s | tune success | 95% CI | gain vs reference "
+          f"| setting | settings vs reference | env steps | wall s{' (mean)' if len(rows[0]['seeds']) > 1 else ''} | tune success | 95% CI | gain vs reference "
           "| 95% CI | verdict | gain vs base | 95% CI | verdict |",
           "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
           f"| base alone | — | — | — | {base['success']:.3f} | {base['ci95'][0]:.3f}–{base['ci95'][1]:.3f} "
@@ -393,8 +424,7 @@ def main(cfg: BenchTuneConfig, evaluate: Evaluate = evaluate_run) -> int:
     steps = [r.get("env_steps", s.get("env_steps")) for r, s in zip(results, summaries)]
     walls = [s.get("wall_s") for s in summaries]
     rows = run_rows([labels[g[0]] for g in groups],
-                    [[o for o in settings_diff(dicts[0], dicts[g[0]]) if not (len(g) > 1 and o.startswith("run.seed="))]
-                     for g in groups],
+                    [shown_overrides(dicts[groups[0][0]], dicts[g[0]], len(g) > 1) for g in groups],
                     [[results[i]["final"] for i in g] for g in groups], results[0]["base"],
                     [steps[g[0]] for g in groups],
                     [None if any(walls[i] is None for i in g) else float(np.mean([walls[i] for i in g])) for g in groups],
@@ -404,7 +434,7 @@ def main(cfg: BenchTuneConfig, evaluate: Evaluate = evaluate_run) -> int:
         row["runs"] = [labels[i] for i in g]
         row["awr_by_run"] = {labels[i]: results[i].get("awr") for i in g}
     base = np.asarray(results[0]["base"], float)[None]
-    payload = {"env": results[0]["env"], "delay_steps": results[0]["delay_steps"], "reference": labels[0],
+    payload = {"env": results[0]["env"], "delay_steps": results[0]["delay_steps"], "reference": rows[0]["label"],
                "command": command_line(cfg), "eval": {"split": "tune", "seed_base": seed_base, "episodes": episodes},
                "base": {"success": float(base.mean()), "ci95": list(success_ci(base)),
                         "outcomes": [int(v) for v in base[0]]},
