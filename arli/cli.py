@@ -6,6 +6,7 @@ Flags ``--json`` / ``--help`` are accepted as shorthands for ``json=true`` / usa
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -137,6 +138,18 @@ def _added_by(key: str, overrides: list[str]) -> str | None:
     return next((o for o in overrides if o.startswith("+") and names(o)), None)
 
 
+def _schema_at(schema: type, path: str) -> type | None:
+    """The dataclass of the section at ``path`` ("run.learner") under ``schema``; None where no
+    dataclass is there."""
+    import dataclasses  # noqa: PLC0415
+    import typing  # noqa: PLC0415
+
+    owner: Any = schema
+    for part in filter(None, path.split(".")):
+        owner = typing.get_type_hints(owner).get(part) if dataclasses.is_dataclass(owner) else None
+    return owner if dataclasses.is_dataclass(owner) else None
+
+
 def _unknown_key(full_key: str, owner: Any, asked: str | None = None) -> str:
     """``run.env_stpes: unknown key; did you mean run.env_steps?`` and the section's keys
     (``asked``: the override that added the key with ``+``, as typed)."""
@@ -194,6 +207,13 @@ def _explain(cause: BaseException, schema: type, overrides: list[str], raised: B
             except OverrideParseException:
                 return (f"cannot parse the override {override!r} ({first}): check its brackets and quotes, "
                         "e.g. 'delay_steps=[0,4]' or 'run.seed=3'")
+    named = re.search(r"^\s*full_key: (\S+)", message, re.M)
+    if named and "ConfigKeyError" in first:  # a config file (a recipe, a task's group) sets a key its section lacks
+        key = named.group(1)
+        where = re.match(r"In '([^']+)'", first)
+        text = _unknown_key(key, _schema_at(schema, key.rsplit(".", 1)[0] if "." in key else ""))
+        line, _, rest = text.partition("\n")
+        return line + (f" (set in the config file {where.group(1)}.yaml)" if where else "") + (f"\n{rest}" if rest else "")
     fix = next((line.strip() for line in str(raised or "").splitlines() if "use +" in line), "")
     fields = ", ".join(sorted(OmegaConf.structured(schema).keys()))
     return f"{first}" + (f" ({fix})" if fix else "") + f"\n  valid top-level keys: {fields}"

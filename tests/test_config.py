@@ -140,6 +140,25 @@ def test_the_fixes_the_mapping_errors_name_compose():
     assert compose("actor", ["+cameras={front: '0', wrist: '1'}"]).cameras == {"front": "0", "wrist": "1"}
 
 
+def test_a_config_file_with_an_unknown_key_names_the_key_its_section_and_the_file(tmp_path, monkeypatch):
+    """A recipe with a typo: the key, the fix and the section's keys, and the file it is in
+    (Hydra's own error names only the file and buries the key in later lines)."""
+    import shutil
+
+    from arli.cli import config_dir
+
+    root = tmp_path / "configs"
+    shutil.copytree(config_dir(), root)
+    (root / "recipe" / "typo.yaml").write_text("# @package run.learner\ngate_candidats: 8\n")
+    monkeypatch.setenv("ARLI_CONFIG_DIR", str(root))
+    with pytest.raises(ConfigError) as err:
+        compose("finetune", ["+recipe=typo"])
+    first, keys = str(err.value).split("\n", 1)
+    assert first == ("run.learner.gate_candidats: unknown key; did you mean run.learner.gate_candidates? (set in the "
+                     "config file recipe/typo.yaml)")  # no '+' hint: no override added it
+    assert keys.startswith("  valid keys of run.learner: ") and "gate_std" in keys
+
+
 def test_commands_missing_their_inputs_say_how_to_pass_them(tmp_path, capsys):
     """`arli eval` without run=, `arli bench runs` with no runs or a missing one, `arli finetune`
     resuming a missing checkpoint: one line naming the field, before anything is written."""
