@@ -2,8 +2,9 @@
 tune seeds, by code. Every finetune run (the first is the reference, e.g. the current default)
 is loaded as ``arli eval`` loads it and its finetuned residual evaluated on the same
 ``episodes`` tune episodes (seeds ``run.tune_seed ..``, never the test seeds), the base alone
-once on them. Runs whose settings differ only in ``run.seed`` are one setting on several
-training seeds (every setting the same number of them, paired in seed order); per setting:
+once on them. Runs whose settings differ only in ``run.seed`` (and in ``NOT_A_SETTING``) are
+one setting on several training seeds (where any setting has several, every setting on the
+reference's seeds, paired by seed); per setting:
 the settings that differ from the reference (as Hydra overrides), its tune success with a
 95% two-level bootstrap interval (training seeds, episodes) and the paired gains vs the
 reference and vs the base. The choice: the highest tune success among the settings whose
@@ -209,7 +210,7 @@ def run_rows(labels: list[str], overrides: list[list[str]], finals: list, base, 
              wall_s: list, awr: list | None = None, seeds: list[list[int]] | None = None) -> list[dict]:
     """Per setting: its tune success with a 95% interval and the paired gains vs the reference
     (the first) and vs the base alone, all on the same episodes. ``finals[i]``: (S, N) outcomes
-    of setting i on its S training seeds (or (N,) for one run), S the same for every setting;
+    of setting i on its S training seeds in seed order (or (N,) for one run), S the same for every setting;
     the other lists hold one entry per setting (``wall_s``, ``awr``: per run)."""
     base = np.asarray(base, float)[None]
     outcomes = [np.atleast_2d(np.asarray(f, float)) for f in finals]
