@@ -595,12 +595,17 @@ class BenchTuneConfig:
     runs: list[str] = field(default_factory=list)  # `arli finetune` output directories; the FIRST is the reference
     name: str = "tune"  # the report: <report_dir>/<name>.{json,md,png}
     episodes: int = 100  # tune episodes per run: seeds run.tune_seed .. (never the test seeds)
+    # committed `arli bench tune` JSONs whose rows hold the runs' outcomes on these episodes: pooled from
+    # them, nothing evaluated (the run directories then need only config.yaml and summary.json)
+    outcomes_from: list[str] = field(default_factory=list)
     report_dir: str = "reports"
 
     def validate(self) -> None:
         require(all(isinstance(r, str) and r for r in self.runs), "runs",
                 "a list of run directories, the reference first", self.runs)
         _positive(self, "episodes")
+        require(all(isinstance(r, str) and r.endswith(".json") for r in self.outcomes_from), "outcomes_from",
+                "a list of `arli bench tune` report JSONs (reports/<name>.json)", self.outcomes_from)
         require(bool(self.name) and not set(self.name) & set("/\\"), "name",
                 "a file name without directories (the report is <report_dir>/<name>.*)", self.name)
 

@@ -189,6 +189,8 @@ def test_runs_without_a_checkpoint_or_unfinished_and_test_seeds_are_refused(tmp_
     assert cli_main(["bench", "tune", f"runs=[{ref}]", f"report_dir={tmp_path}"]) == 2
     assert "runs: expected two or more" in capsys.readouterr().err
     assert cli_main(["bench", "tune", "name=a/b"]) == 2 and "name" in capsys.readouterr().err
+    assert cli_main(["bench", "tune", "outcomes_from=[reports/tune.md]"]) == 2
+    assert "outcomes_from" in capsys.readouterr().err
 
 
 def _tiny_real_run(path, *overrides):
@@ -293,3 +295,48 @@ def test_settings_on_other_seeds_a_seed_twice_or_one_setting_alone_are_refused_b
     with pytest.raises(ConfigError, match=r"runs: every run is one setting \(the reference's, on training seeds "
                                           r"\[0, 1\]\); pass runs of another setting"):
         main(compose("bench_tune", [f"runs=[{ref[0]},{ref[1]}]", f"report_dir={tmp_path}"]), evaluate=_never)
+
+
+def test_single_seed_reports_pool_from_their_committed_json_as_evaluating_the_runs_again_would(tmp_path):
+    """``outcomes_from``: runs judged in separate one-seed reports (committed without checkpoints)
+    pool from those reports' outcomes, with the same rows as evaluating them together; reports
+    on other episodes or another base, and a run in none of them, are refused."""
+    runs = {f"{name}{s}": _fake_run(tmp_path / f"{name}{s}", f"run.seed={s}", *over)
+            for s in (0, 1, 2) for name, over in (("ref", ()), ("alt", ("run.learner.anchor_weight=0.5",)))}
+    finals = {"ref0": REF, "ref1": NOISY, "ref2": REF, "alt0": BETTER, "alt1": SOMEWHAT, "alt2": BETTER}
+    for s in (0, 1, 2):  # one report per seed, as a session judging one seed at a time leaves them
+        assert main(compose("bench_tune", [f"runs=[{runs[f'ref{s}']},{runs[f'alt{s}']}]", f"name=s{s}",
+                                           f"episodes={N}", f"report_dir={tmp_path / 'r'}"]),
+                    evaluate=FakeEval(finals)) == 0
+    order = ",".join(runs[k] for k in ("ref0", "ref1", "ref2", "alt0", "alt1", "alt2"))
+    assert main(compose("bench_tune", [f"runs=[{order}]", "name=together", f"episodes={N}",
+                                       f"report_dir={tmp_path / 'r'}"]), evaluate=FakeEval(finals)) == 0
+    for run in runs.values():  # as committed: config.yaml and summary.json only
+        os.remove(os.path.join(run, "checkpoint", "trainer_state.pt"))
+    reports = [str(tmp_path / "r" / f"s{s}.json") for s in (0, 1, 2)]
+    pooled = compose("bench_tune", [f"runs=[{order}]", "name=pooled", f"episodes={N}",
+                                    f"report_dir={tmp_path / 'r'}", f"outcomes_from=[{','.join(reports)}]"])
+    assert main(pooled, evaluate=_never) == 0
+    got, want = (json.loads((tmp_path / "r" / f"{n}.json").read_text()) for n in ("pooled", "together"))
+    assert got["runs"] == want["runs"] and got["chosen"] == want["chosen"] and got["base"] == want["base"]
+    assert got["chosen"]["chosen"] == "alt0" and got["outcomes_from"] == reports
+    md = (tmp_path / "r" / "pooled.md").read_text()
+    assert "'outcomes_from=[" in md and "not evaluated again" in md
+    # without outcomes_from these runs (no checkpoint) cannot be judged
+    with pytest.raises(ConfigError, match="runs: .*ref0 has no checkpoint"):
+        main(compose("bench_tune", [f"runs=[{order}]", f"report_dir={tmp_path / 'r'}"]), evaluate=_never)
+    # a report on other episodes
+    with pytest.raises(ConfigError, match=rf"outcomes_from: .*s0.json holds {N} episodes from seed 10000, asked 20"):
+        main(compose("bench_tune", [f"runs=[{order}]", "episodes=20", f"report_dir={tmp_path / 'r'}",
+                                    f"outcomes_from=[{','.join(reports)}]"]), evaluate=_never)
+    # a report of another base: its base-alone outcomes differ
+    other = json.loads((tmp_path / "r" / "s2.json").read_text())
+    other["base"]["outcomes"] = [1 - v for v in other["base"]["outcomes"]]
+    (tmp_path / "r" / "s2.json").write_text(json.dumps(other))
+    with pytest.raises(ConfigError, match=r"outcomes_from: the base alone's outcomes in .*s2.json differ"):
+        main(pooled, evaluate=_never)
+    # a seed's report left out: its runs are in none of the reports given
+    with pytest.raises(ConfigError, match=r"runs: .*ref2 has no row in outcomes_from \(their runs: alt0, alt1, "
+                                          r"ref0, ref1\)"):
+        main(compose("bench_tune", [f"runs=[{order}]", f"episodes={N}", f"report_dir={tmp_path / 'r'}",
+                                    f"outcomes_from=[{','.join(reports[:2])}]"]), evaluate=_never)

@@ -135,12 +135,12 @@ def labels_of(dirs: list[str]) -> list[str]:
     return names
 
 
-def load_runs(dirs: list[str]) -> tuple[list[FinetuneConfig], list[dict]]:
-    """Each run's saved config and summary.json; refuses a run without a checkpoint or an
-    unfinished one (no summary.json yet)."""
+def load_runs(dirs: list[str], need_checkpoint: bool = True) -> tuple[list[FinetuneConfig], list[dict]]:
+    """Each run's saved config and summary.json; refuses an unfinished run (no summary.json
+    yet) and, where it is to be evaluated (``need_checkpoint``), one without a checkpoint."""
     configs, summaries = run_configs(dirs), []
     for run_dir in dirs:
-        if not os.path.exists(os.path.join(run_dir, "checkpoint", "trainer_state.pt")):
+        if need_checkpoint and not os.path.exists(os.path.join(run_dir, "checkpoint", "trainer_state.pt")):
             raise ConfigError(f"runs: {run_dir} has no checkpoint (checkpoint/trainer_state.pt); pass `arli "
                               "finetune` output directories of finished runs")
         path = os.path.join(run_dir, "summary.json")
@@ -188,6 +188,50 @@ def evaluate_run(run_dir: str, run_cfg: FinetuneConfig, seed_base: int, episodes
     if close is not None:
         close()
     return out
+
+
+def reported_outcomes(paths: list[str], seed_base: int, episodes: int) -> Evaluate:
+    """An ``Evaluate`` that reads each run's tune outcomes from committed single-seed ``arli bench
+    tune`` reports instead of evaluating (a row per run, labelled by its directory's basename), so
+    runs judged in separate reports pool as one setting's seeds. Every report must be on these
+    episodes with the same base-alone outcomes (one base); a run in two reports, with the same
+    outcomes in both."""
+    rows: dict[str, tuple[dict, dict, str]] = {}
+    base: list[int] | None = None
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                report = json.load(fh)
+            ev, report_base, report_rows = report["eval"], report["base"]["outcomes"], report["runs"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"outcomes_from: {path} is not an `arli bench tune` report JSON ({exc!r})") from None
+        if (ev.get("seed_base"), ev.get("episodes")) != (seed_base, episodes):
+            raise ConfigError(f"outcomes_from: {path} holds {ev.get('episodes')} episodes from seed "
+                              f"{ev.get('seed_base')}, asked {episodes} from {seed_base}; pass "
+                              f"episodes={ev.get('episodes')} and runs with that run.tune_seed")
+        if base is None:
+            base, first = report_base, path
+        elif report_base != base:
+            raise ConfigError(f"outcomes_from: the base alone's outcomes in {path} differ from those in {first} "
+                              "(another base or other episodes); pool reports of one base only")
+        for row in report_rows:
+            if "outcomes" not in row:
+                raise ConfigError(f"outcomes_from: {path}'s row {row['label']} pools several training seeds; "
+                                  "pass reports with one run per row")
+            seen = rows.setdefault(row["label"], (row, report, path))
+            if seen[0]["outcomes"] != row["outcomes"]:
+                raise ConfigError(f"outcomes_from: {row['label']} has other outcomes in {path} than in {seen[2]}")
+
+    def evaluate(run_dir: str, run_cfg: FinetuneConfig, seed_base: int, episodes: int, with_base: bool) -> dict:
+        label = os.path.basename(os.path.normpath(run_dir))
+        if label not in rows:
+            raise ConfigError(f"runs: {run_dir} has no row in outcomes_from (their runs: {', '.join(sorted(rows))})")
+        row, report, _ = rows[label]
+        return {"final": row["outcomes"], "base": base if with_base else None, "env_steps": row["env_steps"],
+                "env": report["env"], "delay_steps": report["delay_steps"], "split": report["eval"]["split"],
+                "awr": row.get("awr")}
+
+    return evaluate
 
 
 def awr_spread(ft) -> dict | None:
@@ -318,6 +362,8 @@ def choose(rows: list[dict], episodes: int) -> dict:
 # -- the command --------------------------------------------------------------------------
 def command_line(cfg: BenchTuneConfig) -> str:
     extra = "" if cfg.report_dir == "reports" else f" report_dir={cfg.report_dir}"
+    if cfg.outcomes_from:
+        extra = f" 'outcomes_from=[{','.join(cfg.outcomes_from)}]'{extra}"
     return f"arli bench tune 'runs=[{','.join(cfg.runs)}]' name={cfg.name} episodes={cfg.episodes}{extra}"
 
 
@@ -331,7 +377,10 @@ def markdown(cfg: BenchTuneConfig, payload: dict) -> list[str]:
              "two-level bootstrap intervals over training seeds and episodes, gains paired on seeds (in seed order) "
              if len(rows[0]["seeds"]) > 1 else
              "one run per setting, 95% bootstrap intervals over episodes (not over training seeds), gains paired on ")
-          + f"and episodes. The reference is `{rows[0]['label']}`.", "",
+          + f"and episodes. The reference is `{rows[0]['label']}`."
+          + (" Each run's outcomes (and the base alone's) are read from the committed reports "
+             + ", ".join(f"`{p}`" for p in cfg.outcomes_from) + ", not evaluated again." if cfg.outcomes_from else ""),
+          "",
           f"| setting | settings vs reference | env steps | wall s{' (mean)' if len(rows[0]['seeds']) > 1 else ''} | tune success | 95% CI | gain vs reference "
           "| 95% CI | verdict | gain vs base | 95% CI | verdict |",
           "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
@@ -402,12 +451,14 @@ def main(cfg: BenchTuneConfig, evaluate: Evaluate = evaluate_run) -> int:
                           f"got {list(cfg.runs)!r}")
     dirs = list(cfg.runs)
     labels = labels_of(dirs)
-    configs, summaries = load_runs(dirs)
+    configs, summaries = load_runs(dirs, need_checkpoint=not cfg.outcomes_from)
     dicts = [config_dict(c) for c in configs]
     check_comparable(dirs, dicts)
     seed_base, episodes = configs[0].run.tune_seed, cfg.episodes
     check_tune_seeds(dirs, configs, seed_base, episodes)
     groups = settings_of(dirs, labels, dicts)
+    if cfg.outcomes_from:
+        evaluate = reported_outcomes(list(cfg.outcomes_from), seed_base, episodes)
     results = []
     for i, (run_dir, run_cfg) in enumerate(tqdm(list(zip(dirs, configs)), desc="runs", unit="run")):
         res = evaluate(run_dir, run_cfg, seed_base, episodes, i == 0)
@@ -439,7 +490,8 @@ def main(cfg: BenchTuneConfig, evaluate: Evaluate = evaluate_run) -> int:
                "command": command_line(cfg), "eval": {"split": "tune", "seed_base": seed_base, "episodes": episodes},
                "base": {"success": float(base.mean()), "ci95": list(success_ci(base)),
                         "outcomes": [int(v) for v in base[0]]},
-               "runs": rows, "chosen": choose(rows, episodes), "machine": machine_info()}
+               "runs": rows, "chosen": choose(rows, episodes), "machine": machine_info(),
+               **({"outcomes_from": list(cfg.outcomes_from)} if cfg.outcomes_from else {})}
     md = markdown(cfg, payload)
     write_report(cfg.report_dir, cfg.name, payload, "\n".join(md))
     plot(os.path.join(cfg.report_dir, f"{cfg.name}.png"), payload)
