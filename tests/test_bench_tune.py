@@ -329,6 +329,35 @@ def test_single_seed_reports_pool_from_their_committed_json_as_evaluating_the_ru
     with pytest.raises(ConfigError, match=rf"outcomes_from: .*s0.json holds {N} episodes from seed 10000, asked 20"):
         main(compose("bench_tune", [f"runs=[{order}]", "episodes=20", f"report_dir={tmp_path / 'r'}",
                                     f"outcomes_from=[{','.join(reports)}]"]), evaluate=_never)
+    # a row of another run of the same name (another wall time), one run with other outcomes in two reports,
+    # a pooled report, a file that is no report
+    impostor = json.loads((tmp_path / "r" / "s1.json").read_text())
+    impostor["runs"][1]["wall_s"] = 99.0
+    (tmp_path / "r" / "impostor.json").write_text(json.dumps(impostor))
+    with pytest.raises(ConfigError, match=r"outcomes_from: the row alt1 of .*impostor.json is not the run .*alt1 "
+                                          r"\(wall s 99.0 there, 12.5 here\); pass the report that judged"):
+        main(compose("bench_tune", [f"runs=[{order}]", f"episodes={N}", f"report_dir={tmp_path / 'r'}",
+                                    f"outcomes_from=[{reports[0]},{tmp_path / 'r' / 'impostor.json'},{reports[2]}]"]),
+             evaluate=_never)
+    (tmp_path / "r" / "garbled.json").write_text("{not json")
+    (tmp_path / "r" / "other.json").write_text(json.dumps({"eval": {}, "cells": []}))
+    impostor["runs"][1]["wall_s"], impostor["runs"][1]["outcomes"] = 12.5, BETTER
+    (tmp_path / "r" / "impostor.json").write_text(json.dumps(impostor))
+    for bad, why in ((tmp_path / "r" / "impostor.json", r"alt1 has other outcomes in .*impostor.json than in .*s1"),
+                     (tmp_path / "r" / "together.json", r".*together.json's row ref0 pools several training seeds"),
+                     (tmp_path / "r" / "garbled.json", r"cannot read .*garbled.json"),
+                     (tmp_path / "r" / "other.json", r".*other.json is not an `arli bench tune` report JSON"),
+                     (tmp_path / "r" / "missing.json", r"cannot read .*missing.json")):
+        with pytest.raises(ConfigError, match=f"outcomes_from: {why}"):
+            main(compose("bench_tune", [f"runs=[{order}]", f"episodes={N}", f"report_dir={tmp_path / 'r'}",
+                                        f"outcomes_from=[{','.join(reports[:2])},{bad}]"]), evaluate=_never)
+    # two runs of one basename could take one row: refused
+    (tmp_path / "x").mkdir()
+    twin = _fake_run(tmp_path / "x" / "alt2", "run.seed=3", checkpoint=False)
+    with pytest.raises(ConfigError, match=r"runs: with outcomes_from a run's row is found by its directory's "
+                                          r"basename; two runs share one"):
+        main(compose("bench_tune", [f"runs=[{order},{twin}]", f"episodes={N}", f"report_dir={tmp_path / 'r'}",
+                                    f"outcomes_from=[{','.join(reports)}]"]), evaluate=_never)
     # a report of another base: its base-alone outcomes differ
     other = json.loads((tmp_path / "r" / "s2.json").read_text())
     other["base"]["outcomes"] = [1 - v for v in other["base"]["outcomes"]]

@@ -192,43 +192,62 @@ def evaluate_run(run_dir: str, run_cfg: FinetuneConfig, seed_base: int, episodes
 
 def reported_outcomes(paths: list[str], seed_base: int, episodes: int) -> Evaluate:
     """An ``Evaluate`` that reads each run's tune outcomes from committed single-seed ``arli bench
-    tune`` reports instead of evaluating (a row per run, labelled by its directory's basename), so
-    runs judged in separate reports pool as one setting's seeds. Every report must be on these
-    episodes with the same base-alone outcomes (one base); a run in two reports, with the same
-    outcomes in both."""
+    tune`` reports instead of evaluating, so runs judged in separate reports pool as one setting's
+    seeds. A run's row is the one labelled with its directory's basename, and must be that run:
+    the same env steps, wall time and training seed as its summary.json and config, the same task
+    and delay. Every report must be on these episodes with the same base-alone outcomes (one base,
+    on one machine); a run in two reports, with the same outcomes in both."""
     rows: dict[str, tuple[dict, dict, str]] = {}
     base: list[int] | None = None
+    first = ""
     for path in paths:
         try:
             with open(path, encoding="utf-8") as fh:
                 report = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"outcomes_from: cannot read {path} ({exc})") from None
+        try:
             ev, report_base, report_rows = report["eval"], report["base"]["outcomes"], report["runs"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"outcomes_from: {path} is not an `arli bench tune` report JSON ({exc!r})") from None
+            labels = [row["label"] for row in report_rows]
+        except (KeyError, TypeError) as exc:
+            raise ConfigError(f"outcomes_from: {path} is not an `arli bench tune` report JSON (no {exc})") from None
         if (ev.get("seed_base"), ev.get("episodes")) != (seed_base, episodes):
             raise ConfigError(f"outcomes_from: {path} holds {ev.get('episodes')} episodes from seed "
                               f"{ev.get('seed_base')}, asked {episodes} from {seed_base}; pass "
-                              f"episodes={ev.get('episodes')} and runs with that run.tune_seed")
+                              f"episodes={ev.get('episodes')} and runs with run.tune_seed={ev.get('seed_base')}")
         if base is None:
             base, first = report_base, path
         elif report_base != base:
             raise ConfigError(f"outcomes_from: the base alone's outcomes in {path} differ from those in {first} "
-                              "(another base or other episodes); pool reports of one base only")
-        for row in report_rows:
+                              "(another base, or the same base on another machine); pool reports of one base only")
+        for label, row in zip(labels, report_rows):
             if "outcomes" not in row:
-                raise ConfigError(f"outcomes_from: {path}'s row {row['label']} pools several training seeds; "
+                raise ConfigError(f"outcomes_from: {path}'s row {label} pools several training seeds; "
                                   "pass reports with one run per row")
-            seen = rows.setdefault(row["label"], (row, report, path))
+            seen = rows.setdefault(label, (row, report, path))
             if seen[0]["outcomes"] != row["outcomes"]:
-                raise ConfigError(f"outcomes_from: {row['label']} has other outcomes in {path} than in {seen[2]}")
+                raise ConfigError(f"outcomes_from: {label} has other outcomes in {path} than in {seen[2]}")
 
     def evaluate(run_dir: str, run_cfg: FinetuneConfig, seed_base: int, episodes: int, with_base: bool) -> dict:
         label = os.path.basename(os.path.normpath(run_dir))
         if label not in rows:
             raise ConfigError(f"runs: {run_dir} has no row in outcomes_from (their runs: {', '.join(sorted(rows))})")
-        row, report, _ = rows[label]
-        return {"final": row["outcomes"], "base": base if with_base else None, "env_steps": row["env_steps"],
-                "env": report["env"], "delay_steps": report["delay_steps"], "split": report["eval"]["split"],
+        from sim_envs.registry import task_name  # noqa: PLC0415
+
+        row, report, path = rows[label]
+        with open(os.path.join(run_dir, "summary.json"), encoding="utf-8") as fh:
+            summary = json.load(fh)
+        mine = {"env steps": summary.get("env_steps"), "wall s": summary.get("wall_s"), "seeds": [run_cfg.run.seed],
+                "task": task_name(run_cfg.env.name), "delay_steps": run_cfg.delay_steps}
+        theirs = {"env steps": row.get("env_steps"), "wall s": row.get("wall_s"), "seeds": row.get("seeds"),
+                  "task": report.get("env"), "delay_steps": report.get("delay_steps")}
+        differ = [f"{k} {theirs[k]} there, {mine[k]} here" for k in mine
+                  if None not in (mine[k], theirs[k]) and mine[k] != theirs[k]]
+        if differ:
+            raise ConfigError(f"outcomes_from: the row {label} of {path} is not the run {run_dir} "
+                              f"({'; '.join(differ)}); pass the report that judged {run_dir}")
+        return {"final": row["outcomes"], "base": base if with_base else None, "env_steps": row.get("env_steps"),
+                "env": report["env"], "delay_steps": report["delay_steps"], "split": report["eval"].get("split"),
                 "awr": row.get("awr")}
 
     return evaluate
@@ -451,6 +470,9 @@ def main(cfg: BenchTuneConfig, evaluate: Evaluate = evaluate_run) -> int:
                           f"got {list(cfg.runs)!r}")
     dirs = list(cfg.runs)
     labels = labels_of(dirs)
+    if cfg.outcomes_from and len({os.path.basename(os.path.normpath(d)) for d in dirs}) != len(dirs):
+        raise ConfigError(f"runs: with outcomes_from a run's row is found by its directory's basename; two runs "
+                          f"share one in {dirs}: pass directories with distinct names")
     configs, summaries = load_runs(dirs, need_checkpoint=not cfg.outcomes_from)
     dicts = [config_dict(c) for c in configs]
     check_comparable(dirs, dicts)
