@@ -1,15 +1,17 @@
 """``arli bench tune 'runs=[<reference dir>,<dir>,...]' name=<report>``: choose a setting on the
 tune seeds, by code. Every finetune run (the first is the reference, e.g. the current default)
-is loaded as ``arli eval`` loads it and its finetuned residual evaluated on the same
-``episodes`` tune episodes (seeds ``run.tune_seed ..``, never the test seeds), the base alone
-once on them. Runs whose settings differ only in ``run.seed`` (and in ``NOT_A_SETTING``) are
-one setting on several training seeds (where any setting has several, every setting on the
-reference's seeds, paired by seed); per setting:
-the settings that differ from the reference (as Hydra overrides), its tune success with a
+is loaded as ``arli eval`` loads it and its trained residual (not a start its end guard
+deployed) evaluated on the same ``episodes`` tune episodes (seeds ``run.tune_seed ..``, never
+the test seeds), the base alone once on them. Runs whose settings differ only in ``run.seed``
+(and in ``NOT_A_SETTING``) are one setting on several training seeds (where any setting has
+several, every setting on the reference's seeds, paired by seed); per setting: the settings
+that differ from the reference (as Hydra overrides), its tune success with a
 95% two-level bootstrap interval (training seeds, episodes) and the paired gains vs the
 reference and vs the base. The choice: the highest tune success among the settings whose
 paired gain over the reference has a 95% interval above 0; none -> the reference is kept.
--> ``<report_dir>/<name>.{json,md,png}``.
+-> ``<report_dir>/<name>.{json,md,png}``. With ``outcomes_from=[<report>.json,...]`` nothing is
+evaluated: each run's outcomes come from the committed one-seed reports that judged it
+(``reported_outcomes``), so runs judged seed by seed pool into one choice.
 
 These are tune numbers, for choosing: the chosen setting's numbers to report come from its
 test seeds (``arli finetune`` / ``arli bench runs``), which no choice saw."""
@@ -170,8 +172,10 @@ def check_tune_seeds(dirs: list[str], configs: list[FinetuneConfig], seed_base: 
 
 
 def evaluate_run(run_dir: str, run_cfg: FinetuneConfig, seed_base: int, episodes: int, with_base: bool) -> dict:
-    """One run loaded as ``arli eval`` loads it: its finetuned residual (and, ``with_base``,
-    the base alone) on ``episodes`` episodes from ``seed_base``, which must be its tune seeds."""
+    """One run loaded as ``arli eval`` loads it, but with its trained residual also where its end
+    guard deployed the start (the guard chose on these same tune episodes; the deployed residual
+    would carry that choice into this one), and, ``with_base``, the base alone, on ``episodes``
+    episodes from ``seed_base``, which must be its tune seeds."""
     from arli.runs import make_finetuner, split_of  # noqa: PLC0415
 
     ft, name, delay = make_finetuner(run_cfg)
@@ -390,7 +394,8 @@ def markdown(cfg: BenchTuneConfig, payload: dict) -> list[str]:
     ev, base, rows, chosen = payload["eval"], payload["base"], payload["runs"], payload["chosen"]
     md = [f"# {cfg.name}: {len(rows)} settings on `{payload['env']}`, d = {payload['delay_steps']}, tune seeds",
           "", f"`{command_line(cfg)}`", "",
-          f"Each run's finetuned residual and the base alone on the same {ev['episodes']} **tune** episodes (seeds "
+          f"Each run's trained residual (also where its end guard deployed the start) and the base alone on the "
+          f"same {ev['episodes']} **tune** episodes (seeds "
           f"{ev['seed_base']}..{ev['seed_base'] + ev['episodes'] - 1}); "
           + (f"each setting on {len(rows[0]['seeds'])} training seeds (runs that differ only in `run.seed`), 95% "
              "two-level bootstrap intervals over training seeds and episodes, gains paired on seeds (in seed order) "
