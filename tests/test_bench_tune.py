@@ -128,6 +128,7 @@ def test_bench_tune_reports_every_run_on_the_tune_seeds_and_the_choice(tmp_path)
     assert report["chosen"]["chosen"] == "better" and set(report["chosen"]) == {"chosen", "why"}
     md = (tmp_path / "reports" / "t.md").read_text()
     assert f"arli bench tune 'runs=[{ref},{noisy},{better}]' name=t" in md
+    assert "(not over training seeds), gains paired on the episodes. The reference is" in md
     assert "not for reporting" in md and "**Chosen: `better`.**" in md and "`run.learner.actor_lr=1e-05`" in md
     # what each critic steers, for the runs that measured it (an AWR run with a Q advantage)
     assert runs["default"]["awr"] == spread and runs["noisy"]["awr"] is None
@@ -272,6 +273,7 @@ def test_runs_of_one_setting_on_several_training_seeds_are_pooled_and_paired_by_
     assert alone[1]["gain_vs_reference"]["verdict"] == "above"
     md = (tmp_path / "reports" / "p.md").read_text()
     assert "each setting on 3 training seeds" in md and "`lucky1` seed 1: 0.375" in md and "wall s (mean)" in md
+    assert "gains paired on seeds (in seed order) and episodes. The reference is `ref0`." in md
     # when every seed gains, the pooled gain is resolved and chosen
     finals.update(lucky1=SOMEWHAT, lucky2=BETTER)
     assert main(cfg, evaluate=FakeEval(finals)) == 0

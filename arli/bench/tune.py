@@ -399,9 +399,10 @@ def markdown(cfg: BenchTuneConfig, payload: dict) -> list[str]:
           f"{ev['seed_base']}..{ev['seed_base'] + ev['episodes'] - 1}); "
           + (f"each setting on {len(rows[0]['seeds'])} training seeds (runs that differ only in `run.seed`), 95% "
              "two-level bootstrap intervals over training seeds and episodes, gains paired on seeds (in seed order) "
-             if len(rows[0]["seeds"]) > 1 else
-             "one run per setting, 95% bootstrap intervals over episodes (not over training seeds), gains paired on ")
-          + f"and episodes. The reference is `{rows[0]['label']}`."
+             "and episodes." if len(rows[0]["seeds"]) > 1 else
+             "one run per setting, 95% bootstrap intervals over episodes (not over training seeds), gains paired on "
+             "the episodes.")
+          + f" The reference is `{rows[0]['label']}`."
           + (" Each run's outcomes (and the base alone's) are read from the committed reports "
              + ", ".join(f"`{p}`" for p in cfg.outcomes_from) + ", not evaluated again." if cfg.outcomes_from else ""),
           "",
