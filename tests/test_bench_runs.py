@@ -122,6 +122,23 @@ def test_a_reference_setting_is_paired_by_training_seed_and_episode(tmp_path):
     assert "`run.demonstrations=expert`" in (tmp_path / "vs.md").read_text()
     ref = report["reference"]
     assert ref["final-reference_final"]["mean"] == 1 - 0.125
+    assert report["reference_settings"] == [[], []]  # only the seed saved: nothing else differs
+    assert "The runs' saved settings match the reference's" in (tmp_path / "vs.md").read_text()
+    # a setting the runs changed is named in the report, per seed where the seeds disagree
+    for d, seed in zip(runs, (10, 11)):
+        (tmp_path / d / "config.yaml").write_text(f"run:\n  seed: {seed}\n  eval_every: 9\n  learner:\n"
+                                                  f"    actor_update: select\n    gate_candidates: {7 + seed - 10}\n")
+    for d, seed in zip(refs, (10, 11)):
+        (tmp_path / d / "config.yaml").write_text(f"run:\n  seed: {seed}\n  learner:\n    actor_update: awr\n"
+                                                  "    gate_candidates: 0\n")
+    assert main(cfg) == 0
+    assert json.loads((tmp_path / "vs.json").read_text())["reference_settings"] == [
+        ["run.learner.actor_update=select", "run.learner.gate_candidates=7"],
+        ["run.learner.actor_update=select", "run.learner.gate_candidates=8"]]
+    assert ("per training seed: `run.learner.actor_update=select`, `run.learner.gate_candidates=7`; "
+            "`run.learner.actor_update=select`, `run.learner.gate_candidates=8`.") in (tmp_path / "vs.md").read_text()
+    for d, seed in zip(runs + refs, (10, 11, 10, 11)):
+        (tmp_path / d / "config.yaml").write_text(f"run:\n  seed: {seed}\n")
     assert ref["final-reference_final"]["reference_per_seed"] == [0.0, 0.25]
     assert ref["start-reference_start"]["mean"] == 0.375 - 0.125
     lo, hi = ref["final-reference_final"]["ci95"]

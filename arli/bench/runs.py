@@ -49,6 +49,25 @@ def saved_run(run_dir: str):
     return OmegaConf.load(path).run if os.path.exists(path) else None
 
 
+def reference_settings(runs: list[str], reference: list[str]) -> list[list[str]]:
+    """Per training seed, the Hydra overrides that turn the reference run's saved settings into
+    the run's (``arli bench tune``'s rule: no ``run.seed``, curve cadence or output paths), so a
+    report says what was compared; [] where a run or its reference saved no config.yaml."""
+    from omegaconf import OmegaConf  # noqa: PLC0415
+
+    from arli.bench.tune import shown_overrides  # noqa: PLC0415
+
+    def saved(d: str) -> dict | None:
+        path = os.path.join(d, "config.yaml")
+        return OmegaConf.to_container(OmegaConf.load(path), resolve=True) if os.path.exists(path) else None
+
+    out = []
+    for run, ref in zip(runs, reference):
+        mine, theirs = saved(run), saved(ref)
+        out.append([] if mine is None or theirs is None else shown_overrides(theirs, mine, pooled=True))
+    return out
+
+
 def training_seed(run_dir: str) -> int | None:
     """The training seed a run saved in its config.yaml (None for a run without one)."""
     run = saved_run(run_dir)
@@ -187,6 +206,17 @@ def paired_reference(cfg: BenchRunsConfig, evals: tuple, summaries: tuple) -> di
     return out
 
 
+def settings_line(per_seed: list[list[str]]) -> str:
+    """What the runs changed against their reference, as Markdown (one line)."""
+    kinds = {tuple(o) for o in per_seed}
+    if kinds == {()}:
+        return "The runs' saved settings match the reference's (training seed aside), or were not saved."
+    if len(kinds) == 1:
+        return "The runs' settings against the reference's: " + ", ".join(f"`{o}`" for o in per_seed[0]) + "."
+    return "The runs' settings against the reference's, per training seed: " + "; ".join(
+        ", ".join(f"`{o}`" for o in ov) or "none" for ov in per_seed) + "."
+
+
 def main(cfg: BenchRunsConfig) -> int:
     if not cfg.runs:
         raise ConfigError("runs: expected at least one `arli finetune` run directory, e.g. "
@@ -252,6 +282,7 @@ def main(cfg: BenchRunsConfig) -> int:
                "protocol": protocol(evals[0]["split"]["episodes"], len(cfg.runs)),  # one run per seed (refused above)
                "demonstrations": demo, "base_digests": list(bases.values()),
                "target": target, "gains": gains, "reference_runs": list(cfg.reference), "reference": reference,
+               "reference_settings": reference_settings(list(cfg.runs), list(cfg.reference)) if cfg.reference else [],
                "end_guard": [s.get("end_guard") for s in summaries], "curve_eval": s0.get("curve_eval"),
                "curve_at_budget": marks,
                "wall_s": [s["wall_s"] for s in summaries], "machine": machine_info()}
@@ -291,7 +322,8 @@ def main(cfg: BenchRunsConfig) -> int:
         md += ["", f"Against the reference runs `[{', '.join(cfg.reference)}]`"
                + (f" ({', '.join(sorted(c for c in ref_control if c))})" if any(ref_control) else "")
                + " (the same training seeds and test "
-               "episodes, paired):", "", "| difference | reference | mean | 95% CI | verdict vs 0 |",
+               "episodes, paired). " + settings_line(payload["reference_settings"]), "",
+               "| difference | reference | mean | 95% CI | verdict vs 0 |",
                "|---|---:|---:|---:|---|"]
         for k, g in reference.items():
             md.append(f"| {k} | {g['reference']:.3f} ({' / '.join(f'{x:.3f}' for x in g['reference_per_seed'])}) | "
