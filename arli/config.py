@@ -598,12 +598,18 @@ class BenchTuneConfig:
     # committed `arli bench tune` JSONs whose rows hold the runs' outcomes on these episodes: pooled from
     # them, nothing evaluated (the run directories then need only config.yaml and summary.json)
     outcomes_from: list[str] = field(default_factory=list)
+    # a setting qualifies when its paired gain over the reference has a 95% CI lower end above margin
+    # (< 0: no more than -margin worse, a non-inferiority choice)
+    margin: float = 0.0
+    prefer: str = "success"  # among those qualifying: "success" (the highest) or "cost" (least learner time, reference included)
     report_dir: str = "reports"
 
     def validate(self) -> None:
         require(all(isinstance(r, str) and r for r in self.runs), "runs",
                 "a list of run directories, the reference first", self.runs)
         _positive(self, "episodes")
+        require(-1 < self.margin < 1, "margin", "a success difference in (-1, 1)", self.margin)
+        require(self.prefer in ("success", "cost"), "prefer", "success or cost", self.prefer)
         require(all(isinstance(r, str) and r.endswith(".json") for r in self.outcomes_from), "outcomes_from",
                 "a list of `arli bench tune` report JSONs (reports/<name>.json)", self.outcomes_from)
         require(bool(self.name) and not set(self.name) & set("/\\"), "name",

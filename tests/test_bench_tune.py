@@ -21,13 +21,16 @@ NOISY = [0] * 4 + [1] * 16 + [1] * 8 + [0] * 12  # 0.60, but 8 up and 4 down: ga
 BASE = [1] * 10 + [0] * 30
 
 
-def _fake_run(path, *overrides, steps=100, wall=12.5, checkpoint=True):
+def _fake_run(path, *overrides, steps=100, wall=12.5, checkpoint=True, learner=None):
     """A finished run's directory as `arli finetune` leaves it (config.yaml, summary.json,
     checkpoint/), with nothing trained: the evaluation is injected."""
     cfg = compose("finetune", ["env=pick_cube", "checkpoint=expert", "delay_steps=4", *overrides])
     path.mkdir()
     OmegaConf.save(OmegaConf.structured(cfg), path / "config.yaml")
-    (path / "summary.json").write_text(json.dumps({"env_steps": steps, "wall_s": wall}))
+    summary = {"env_steps": steps, "wall_s": wall}
+    if learner is not None:
+        summary["train_time_s"] = {"learner_updates": learner, "physics": 1.0}
+    (path / "summary.json").write_text(json.dumps(summary))
     if checkpoint:
         (path / "checkpoint").mkdir()
         (path / "checkpoint" / "trainer_state.pt").write_bytes(b"")
@@ -371,3 +374,59 @@ def test_single_seed_reports_pool_from_their_committed_json_as_evaluating_the_ru
                                           r"ref0, ref1\)"):
         main(compose("bench_tune", [f"runs=[{order}]", f"episodes={N}", f"report_dir={tmp_path / 'r'}",
                                     f"outcomes_from=[{','.join(reports[:2])}]"]), evaluate=_never)
+
+
+def test_a_non_inferiority_margin_with_prefer_cost_takes_the_cheapest_setting_as_good_as_the_reference(tmp_path):
+    """``margin=-0.1 prefer=cost``: the cheapest of the reference and the settings whose paired gain's
+    lower end is above -0.1; a cheaper setting clearly worse does not qualify, and where none is
+    cheaper the reference is kept. ``margin=0 prefer=success`` is the plain rule."""
+    rows = _rows(BETTER, BETTER, REF)  # r1 the same as the reference, r2 0.30 worse (resolved)
+    for r, cost in zip(rows, (300.0, 200.0, 100.0)):
+        r["learner_s"] = cost
+    assert rows[2]["gain_vs_reference"]["ci95"][1] < 0 and rows[1]["gain_vs_reference"]["ci95"] == [0.0, 0.0]
+    pick = choose(rows, N, margin=-0.1, prefer="cost")
+    assert pick["chosen"] == "r1" and "200 s" in pick["why"] and "above -0.1" in pick["why"]
+    assert choose(rows, N)["chosen"] == "r0"  # the plain rule: no gain above 0, the reference kept
+    rows[1]["learner_s"] = 400.0  # no longer cheaper
+    kept = choose(rows, N, margin=-0.1, prefer="cost")
+    assert kept["chosen"] == "r0" and "it is kept" in kept["why"]
+    rows[2]["learner_s"], rows[1]["learner_s"] = 1.0, None  # the worse one is cheapest but does not qualify
+    with pytest.raises(ConfigError, match="prefer: cost needs each run's learner-update time .* missing for r1"):
+        choose(rows, N, margin=-0.1, prefer="cost")
+    rows[1]["learner_s"] = 50.0
+    assert choose(rows, N, margin=-0.1, prefer="cost")["chosen"] == "r1"
+    with pytest.raises(ConfigError, match="prefer: expected success or cost"):
+        compose("bench_tune", ["runs=[a,b]", "prefer=cheap"])
+    with pytest.raises(ConfigError, match="margin"):
+        compose("bench_tune", ["runs=[a,b]", "margin=-1.5"])
+
+
+def test_a_new_setting_is_evaluated_beside_settings_pooled_from_reports_and_chosen_by_cost(tmp_path):
+    """``outcomes_from`` with a run in none of the reports: that run (with its checkpoint) is
+    evaluated, against the reports' base alone, and pools with the reported runs; its learner
+    time comes from its summary.json and decides a ``prefer=cost`` choice."""
+    ref = {s: _fake_run(tmp_path / f"ref{s}", f"run.seed={s}", learner=300.0 + s) for s in (0, 1)}
+    for s in (0, 1):  # the reference judged seed by seed, then committed without its checkpoint
+        other = _fake_run(tmp_path / f"old{s}", f"run.seed={s}", "run.learner.anchor_weight=0.5", learner=90.0)
+        assert main(compose("bench_tune", [f"runs=[{ref[s]},{other}]", f"name=s{s}", f"episodes={N}",
+                                           f"report_dir={tmp_path / 'r'}"]),
+                    evaluate=FakeEval({f"ref{s}": BETTER, f"old{s}": REF})) == 0
+        os.remove(os.path.join(ref[s], "checkpoint", "trainer_state.pt"))
+    new = [_fake_run(tmp_path / f"new{s}", f"run.seed={s}", "run.learner.anchor_weight=0.2", learner=150.0 + s)
+           for s in (0, 1)]
+    fake = FakeEval({"new0": BETTER, "new1": BETTER}, base=[0] * N)  # its base must not be used
+    reports = ",".join(str(tmp_path / "r" / f"s{s}.json") for s in (0, 1))
+    cfg = compose("bench_tune", [f"runs=[{ref[0]},{ref[1]},{new[0]},{new[1]}]", "name=mixed", f"episodes={N}",
+                                 "margin=-0.05", "prefer=cost", f"report_dir={tmp_path / 'r'}",
+                                 f"outcomes_from=[{reports}]"])
+    assert main(cfg, evaluate=fake) == 0
+    assert [c[0] for c in fake.calls] == ["new0", "new1"] and all(not c[3] for c in fake.calls)
+    report = json.loads((tmp_path / "r" / "mixed.json").read_text())
+    assert report["base"]["outcomes"] == BASE and report["rule"] == {"margin": -0.05, "prefer": "cost"}
+    reference, newer = report["runs"]
+    assert reference["learner_s"] == 300.5 and newer["learner_s"] == 150.5 and newer["evaluated"] == ["new0", "new1"]
+    assert "evaluated" not in reference and newer["gain_vs_reference"]["ci95"] == [0.0, 0.0]
+    assert report["chosen"]["chosen"] == "new0" and "margin=-0.05 prefer=cost" in report["command"]
+    md = (tmp_path / "r" / "mixed.md").read_text()
+    assert "runs in none of them were evaluated here against that base alone: `new0`, `new1`" in md
+    assert "| learner s (mean) |" in md and "least mean learner-update time" in md

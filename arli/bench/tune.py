@@ -8,10 +8,12 @@ several, every setting on the reference's seeds, paired by seed); per setting: t
 that differ from the reference (as Hydra overrides), its tune success with a
 95% two-level bootstrap interval (training seeds, episodes) and the paired gains vs the
 reference and vs the base. The choice: the highest tune success among the settings whose
-paired gain over the reference has a 95% interval above 0; none -> the reference is kept.
--> ``<report_dir>/<name>.{json,md,png}``. With ``outcomes_from=[<report>.json,...]`` nothing is
-evaluated: each run's outcomes come from the committed one-seed reports that judged it
-(``reported_outcomes``), so runs judged seed by seed pool into one choice.
+paired gain over the reference has a 95% interval above 0 (``margin``); none -> the reference is
+kept. ``margin=-0.05 prefer=cost``: the cheapest (learner-update time) of the reference and the
+settings no more than 0.05 worse, by the same interval — a cheaper learner that is as good.
+-> ``<report_dir>/<name>.{json,md,png}``. With ``outcomes_from=[<report>.json,...]`` the runs'
+outcomes come from the committed one-seed reports that judged them (``reported_outcomes``), so
+runs judged seed by seed pool into one choice; a run in none of them is evaluated.
 
 These are tune numbers, for choosing: the chosen setting's numbers to report come from its
 test seeds (``arli finetune`` / ``arli bench runs``), which no choice saw."""
@@ -194,13 +196,15 @@ def evaluate_run(run_dir: str, run_cfg: FinetuneConfig, seed_base: int, episodes
     return out
 
 
-def reported_outcomes(paths: list[str], seed_base: int, episodes: int) -> Evaluate:
+def reported_outcomes(paths: list[str], seed_base: int, episodes: int, fallback: Evaluate | None = None) -> Evaluate:
     """An ``Evaluate`` that reads each run's tune outcomes from committed single-seed ``arli bench
     tune`` reports instead of evaluating, so runs judged in separate reports pool as one setting's
     seeds. A run's row is the one labelled with its directory's basename, and must be that run:
     the same env steps, wall time and training seed as its summary.json and config, the same task
     and delay. Every report must be on these episodes with the same base-alone outcomes (one base,
-    on one machine); a run in two reports, with the same outcomes in both."""
+    on one machine); a run in two reports, with the same outcomes in both. A run in none of them
+    is evaluated by ``fallback`` where it has a checkpoint (the reports' base alone is its
+    baseline), so a new setting joins settings judged before."""
     rows: dict[str, tuple[dict, dict, str]] = {}
     base: list[int] | None = None
     first = ""
@@ -235,7 +239,12 @@ def reported_outcomes(paths: list[str], seed_base: int, episodes: int) -> Evalua
     def evaluate(run_dir: str, run_cfg: FinetuneConfig, seed_base: int, episodes: int, with_base: bool) -> dict:
         label = os.path.basename(os.path.normpath(run_dir))
         if label not in rows:
-            raise ConfigError(f"runs: {run_dir} has no row in outcomes_from (their runs: {', '.join(sorted(rows))})")
+            if fallback is None or not os.path.exists(os.path.join(run_dir, "checkpoint", "trainer_state.pt")):
+                raise ConfigError(f"runs: {run_dir} has no row in outcomes_from (their runs: {', '.join(sorted(rows))})"
+                                  " and no checkpoint to evaluate it (checkpoint/trainer_state.pt); pass the report "
+                                  "that judged it, or the run's full output directory")
+            out = fallback(run_dir, run_cfg, seed_base, episodes, False)
+            return {**out, "base": base if with_base else None, "evaluated": True}
         from sim_envs.registry import task_name  # noqa: PLC0415
 
         row, report, path = rows[label]
@@ -274,20 +283,24 @@ def _gain(after: np.ndarray, before: np.ndarray) -> dict:
 
 
 def run_rows(labels: list[str], overrides: list[list[str]], finals: list, base, env_steps: list[int],
-             wall_s: list, awr: list | None = None, seeds: list[list[int]] | None = None) -> list[dict]:
+             wall_s: list, awr: list | None = None, seeds: list[list[int]] | None = None,
+             learner_s: list | None = None) -> list[dict]:
     """Per setting: its tune success with a 95% interval and the paired gains vs the reference
     (the first) and vs the base alone, all on the same episodes. ``finals[i]``: (S, N) outcomes
     of setting i on its S training seeds in seed order (or (N,) for one run), S the same for every setting;
-    the other lists hold one entry per setting (``wall_s``, ``awr``: per run)."""
+    the other lists hold one entry per setting (``wall_s``, ``learner_s``: the runs' mean wall and
+    learner-update seconds; ``awr``: per run)."""
     base = np.asarray(base, float)[None]
     outcomes = [np.atleast_2d(np.asarray(f, float)) for f in finals]
     if len({x.shape for x in outcomes}) > 1:
         raise ValueError(f"every setting needs the same (seeds, episodes), got {[x.shape for x in outcomes]}")
     seeds = seeds or [[None]] * len(labels)
     rows = []
-    for label, over, x, steps, wall, spread, s in zip(labels, overrides, outcomes, env_steps, wall_s,
-                                                       awr or [None] * len(labels), seeds):
-        rows.append({"label": label, "overrides": over, "env_steps": steps, "wall_s": wall, "awr": spread,
+    for label, over, x, steps, wall, spread, s, learn in zip(labels, overrides, outcomes, env_steps, wall_s,
+                                                              awr or [None] * len(labels), seeds,
+                                                              learner_s or [None] * len(labels)):
+        rows.append({"label": label, "overrides": over, "env_steps": steps, "wall_s": wall, "learner_s": learn,
+                     "awr": spread,
                      "seeds": s, "success": float(x.mean()), "ci95": list(success_ci(x)),
                      "per_seed": [float(v) for v in x.mean(1)],
                      "gain_vs_reference": _gain(x, outcomes[0]), "gain_vs_base": _gain(x, base),
@@ -357,27 +370,52 @@ def settings_of(dirs: list[str], labels: list[str], dicts: list[dict]) -> list[l
     return out
 
 
-def choose(rows: list[dict], episodes: int) -> dict:
-    """The highest tune success among the settings whose paired gain over the reference (the
-    first row) has a 95% interval with lower bound > 0 (ties: the larger lower bound, then
-    the earlier one); none -> the reference is kept."""
+def _against(pick: dict, ref: dict, episodes: int) -> str:
+    g = pick["gain_vs_reference"]
+    return (f"tune success {pick['success']:.3f} vs the reference {ref['label']}'s {ref['success']:.3f}, paired gain "
+            f"{g['mean']:+.3f} with 95% CI [{g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}] on {episodes} tune episodes")
+
+
+def choose(rows: list[dict], episodes: int, margin: float = 0.0, prefer: str = "success") -> dict:
+    """The choice among the settings whose paired gain over the reference (the first row) has a
+    95% interval with lower bound > ``margin``: ``prefer="success"``, the highest tune success
+    (ties: the larger lower bound, then the earlier one), none -> the reference is kept;
+    ``prefer="cost"``, the least learner-update time (``learner_s``) among those and the reference
+    itself (ties: the higher tune success). A negative margin asks for no more than ``-margin``
+    worse than the reference (non-inferiority), e.g. to take a cheaper learner that is as good."""
     ref = rows[0]
-    better = [r for r in rows[1:] if r["gain_vs_reference"]["ci95"][0] > 0]
+    bound = "above 0" if margin == 0 else f"above {margin:+g}"
+    better = [r for r in rows[1:] if r["gain_vs_reference"]["ci95"][0] > margin]
+    if prefer == "cost":
+        costs = {r["label"]: r.get("learner_s") for r in [ref, *better]}
+        if any(c is None for c in costs.values()):
+            missing = ", ".join(k for k, c in costs.items() if c is None)
+            raise ConfigError(f"prefer: cost needs each run's learner-update time (summary.json train_time_s."
+                              f"learner_updates), missing for {missing}; pass prefer=success")
+        pick = min([ref, *better], key=lambda r: (r["learner_s"], -r["success"]))
+        listed = "; ".join(f"{r['label']} {r['learner_s']:.0f} s" for r in [ref, *better])
+        if pick is ref:
+            return {"chosen": ref["label"],
+                    "why": (f"the reference {ref['label']} is the cheapest of the {len(better) + 1} settings that are "
+                            f"the reference or whose paired gain over it has a 95% CI lower end {bound} on {episodes} "
+                            f"tune episodes (mean learner-update time: {listed}); it is kept")}
+        return {"chosen": pick["label"],
+                "why": (f"{pick['label']} ({' '.join(pick['overrides']) or 'the same settings'}): mean learner-update "
+                        f"time {pick['learner_s']:.0f} s, the least of the settings that are the reference or whose "
+                        f"paired gain over it has a 95% CI lower end {bound} ({listed}); "
+                        + _against(pick, ref, episodes))}
     if better:
         pick = max(better, key=lambda r: (r["success"], r["gain_vs_reference"]["ci95"][0]))
-        g = pick["gain_vs_reference"]
         return {"chosen": pick["label"],
-                "why": (f"{pick['label']} ({' '.join(pick['overrides']) or 'the same settings'}): tune success "
-                        f"{pick['success']:.3f} vs the reference {ref['label']}'s {ref['success']:.3f}, paired gain "
-                        f"{g['mean']:+.3f} with 95% CI [{g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}] above 0 on "
-                        f"{episodes} tune episodes; the highest tune success of the {len(better)} of "
-                        f"{len(rows) - 1} settings whose gain over the reference is resolved above 0")}
+                "why": (f"{pick['label']} ({' '.join(pick['overrides']) or 'the same settings'}): "
+                        + _against(pick, ref, episodes) + f"; the highest tune success of the {len(better)} of "
+                        f"{len(rows) - 1} settings whose gain over the reference is resolved {bound}")}
     if len(rows) == 1:
         return {"chosen": ref["label"], "why": "only the reference was given; it is kept"}
     best = max(rows[1:], key=lambda r: r["gain_vs_reference"]["mean"])
     g = best["gain_vs_reference"]
     return {"chosen": ref["label"],
-            "why": (f"no setting's paired gain over the reference {ref['label']} has a 95% CI above 0 on {episodes} "
+            "why": (f"no setting's paired gain over the reference {ref['label']} has a 95% CI {bound} on {episodes} "
                     f"tune episodes (the largest: {best['label']} {g['mean']:+.3f}, CI [{g['ci95'][0]:+.3f}, "
                     f"{g['ci95'][1]:+.3f}], {g['verdict']}); the reference is kept")}
 
@@ -385,6 +423,8 @@ def choose(rows: list[dict], episodes: int) -> dict:
 # -- the command --------------------------------------------------------------------------
 def command_line(cfg: BenchTuneConfig) -> str:
     extra = "" if cfg.report_dir == "reports" else f" report_dir={cfg.report_dir}"
+    if cfg.margin != 0 or cfg.prefer != "success":
+        extra = f" margin={cfg.margin:g} prefer={cfg.prefer}{extra}"
     if cfg.outcomes_from:
         extra = f" 'outcomes_from=[{','.join(cfg.outcomes_from)}]'{extra}"
     return f"arli bench tune 'runs=[{','.join(cfg.runs)}]' name={cfg.name} episodes={cfg.episodes}{extra}"
@@ -392,6 +432,8 @@ def command_line(cfg: BenchTuneConfig) -> str:
 
 def markdown(cfg: BenchTuneConfig, payload: dict) -> list[str]:
     ev, base, rows, chosen = payload["eval"], payload["base"], payload["runs"], payload["chosen"]
+    evaluated = [n for r in rows for n in r.get("evaluated", [])]
+    mean = " (mean)" if len(rows[0]["seeds"]) > 1 else ""
     md = [f"# {cfg.name}: {len(rows)} settings on `{payload['env']}`, d = {payload['delay_steps']}, tune seeds",
           "", f"`{command_line(cfg)}`", "",
           f"Each run's trained residual (also where its end guard deployed the start) and the base alone on the "
@@ -404,12 +446,14 @@ def markdown(cfg: BenchTuneConfig, payload: dict) -> list[str]:
              "the episodes.")
           + f" The reference is `{rows[0]['label']}`."
           + (" Each run's outcomes (and the base alone's) are read from the committed reports "
-             + ", ".join(f"`{p}`" for p in cfg.outcomes_from) + ", not evaluated again." if cfg.outcomes_from else ""),
+             + ", ".join(f"`{p}`" for p in cfg.outcomes_from) + ", not evaluated again"
+             + ("" if not evaluated else "; runs in none of them were evaluated here against that base alone: "
+                + ", ".join(f"`{n}`" for n in evaluated)) + "." if cfg.outcomes_from else ""),
           "",
-          f"| setting | settings vs reference | env steps | wall s{' (mean)' if len(rows[0]['seeds']) > 1 else ''} | tune success | 95% CI | gain vs reference "
-          "| 95% CI | verdict | gain vs base | 95% CI | verdict |",
-          "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
-          f"| base alone | — | — | — | {base['success']:.3f} | {base['ci95'][0]:.3f}–{base['ci95'][1]:.3f} "
+          f"| setting | settings vs reference | env steps | wall s{mean} | learner s{mean} | tune success | 95% CI "
+          "| gain vs reference | 95% CI | verdict | gain vs base | 95% CI | verdict |",
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
+          f"| base alone | — | — | — | — | {base['success']:.3f} | {base['ci95'][0]:.3f}–{base['ci95'][1]:.3f} "
           "| | | | | | |"]
     for i, r in enumerate(rows):
         gr, gb = r["gain_vs_reference"], r["gain_vs_base"]
@@ -418,8 +462,8 @@ def markdown(cfg: BenchTuneConfig, payload: dict) -> list[str]:
         if len(r["seeds"]) > 1:  # the setting's runs and their seeds, each run's tune success
             mark += " (" + ", ".join(f"`{n}` seed {sd}: {x:.3f}" for n, sd, x in zip(r["runs"], r["seeds"],
                                                                                    r["per_seed"])) + ")"
-        wall = "—" if r["wall_s"] is None else f"{r['wall_s']:.0f}"
-        md.append(f"| `{r['label']}`{mark} | {settings} | {r['env_steps']} | {wall} | {r['success']:.3f} | "
+        wall, learn = ("—" if r.get(k) is None else f"{r[k]:.0f}" for k in ("wall_s", "learner_s"))
+        md.append(f"| `{r['label']}`{mark} | {settings} | {r['env_steps']} | {wall} | {learn} | {r['success']:.3f} | "
                   f"{r['ci95'][0]:.3f}–{r['ci95'][1]:.3f} | "
                   + ("— | — | — | " if i == 0 else
                      f"{gr['mean']:+.3f} | {gr['ci95'][0]:+.3f} – {gr['ci95'][1]:+.3f} | {gr['verdict']} | ")
@@ -438,9 +482,12 @@ def markdown(cfg: BenchTuneConfig, payload: dict) -> list[str]:
                       f"{a['advantage_std']:.4f} | {a['advantage_abs_p50']:.4f} | "
                       f"{a.get('advantage_head_std', float('nan')):.4f} | {a.get('advantage_snr', float('nan')):.2f} |")
     md += ["", f"**Chosen: `{chosen['chosen']}`.** {chosen['why']}.", "",
-           "The rule, in code (`arli.bench.tune.choose`): the highest tune success among the settings whose paired "
-           "gain over the reference has a 95% CI lower bound > 0; none -> the reference is kept. Each interval "
-           "is per comparison (no correction for the number of settings).", "",
+           "The rule, in code (`arli.bench.tune.choose`): "
+           + (f"the least mean learner-update time among the reference and the settings whose paired gain over "
+              f"the reference has a 95% CI lower bound > {cfg.margin:+g}. " if cfg.prefer == "cost" else
+              f"the highest tune success among the settings whose paired gain over the reference has a 95% CI "
+              f"lower bound > {cfg.margin:g}; none -> the reference is kept. ")
+           + "Each interval is per comparison (no correction for the number of settings).", "",
            "*These are tune seeds: numbers for choosing, not for reporting.* The chosen setting's numbers come "
            "from its test seeds (`summary.json` / `eval_test.json` of its runs, `arli bench runs` over training "
            "seeds), which no choice saw.", "", f"![tune success]({cfg.name}.png)", ""]
@@ -486,7 +533,7 @@ def main(cfg: BenchTuneConfig, evaluate: Evaluate = evaluate_run) -> int:
     check_tune_seeds(dirs, configs, seed_base, episodes)
     groups = settings_of(dirs, labels, dicts)
     if cfg.outcomes_from:
-        evaluate = reported_outcomes(list(cfg.outcomes_from), seed_base, episodes)
+        evaluate = reported_outcomes(list(cfg.outcomes_from), seed_base, episodes, fallback=evaluate)
     results = []
     for i, (run_dir, run_cfg) in enumerate(tqdm(list(zip(dirs, configs)), desc="runs", unit="run")):
         res = evaluate(run_dir, run_cfg, seed_base, episodes, i == 0)
@@ -503,22 +550,30 @@ def main(cfg: BenchTuneConfig, evaluate: Evaluate = evaluate_run) -> int:
         tqdm.write(f"{labels[i]}: tune success {np.mean(res['final']):.3f} on {episodes} episodes")
     steps = [r.get("env_steps", s.get("env_steps")) for r, s in zip(results, summaries)]
     walls = [s.get("wall_s") for s in summaries]
+    learner = [(s.get("train_time_s") or {}).get("learner_updates") for s in summaries]
+
+    def mean_of(values: list, g: list[int]) -> float | None:
+        return None if any(values[i] is None for i in g) else float(np.mean([values[i] for i in g]))
+
     rows = run_rows([labels[g[0]] for g in groups],
                     [shown_overrides(dicts[groups[0][0]], dicts[g[0]], len(g) > 1) for g in groups],
                     [[results[i]["final"] for i in g] for g in groups], results[0]["base"],
                     [steps[g[0]] for g in groups],
-                    [None if any(walls[i] is None for i in g) else float(np.mean([walls[i] for i in g])) for g in groups],
+                    [mean_of(walls, g) for g in groups],
                     [results[g[0]].get("awr") if len(g) == 1 else None for g in groups],
-                    [[dicts[i]["run"]["seed"] for i in g] for g in groups])
+                    [[dicts[i]["run"]["seed"] for i in g] for g in groups], [mean_of(learner, g) for g in groups])
     for row, g in zip(rows, groups):
         row["runs"] = [labels[i] for i in g]
+        if any(results[i].get("evaluated") for i in g):  # beside outcomes_from: these runs were evaluated here
+            row["evaluated"] = [labels[i] for i in g if results[i].get("evaluated")]
         row["awr_by_run"] = {labels[i]: results[i].get("awr") for i in g}
     base = np.asarray(results[0]["base"], float)[None]
     payload = {"env": results[0]["env"], "delay_steps": results[0]["delay_steps"], "reference": rows[0]["label"],
                "command": command_line(cfg), "eval": {"split": "tune", "seed_base": seed_base, "episodes": episodes},
                "base": {"success": float(base.mean()), "ci95": list(success_ci(base)),
                         "outcomes": [int(v) for v in base[0]]},
-               "runs": rows, "chosen": choose(rows, episodes), "machine": machine_info(),
+               "runs": rows, "chosen": choose(rows, episodes, cfg.margin, cfg.prefer),
+               "rule": {"margin": cfg.margin, "prefer": cfg.prefer}, "machine": machine_info(),
                **({"outcomes_from": list(cfg.outcomes_from)} if cfg.outcomes_from else {})}
     md = markdown(cfg, payload)
     write_report(cfg.report_dir, cfg.name, payload, "\n".join(md))
