@@ -444,9 +444,6 @@ class LatencySweepConfig(SimBase):
         _delays(self.delay_steps)
         require(all(v in SWEEP_VARIANTS for v in self.variants), "variants", f"a list from {SWEEP_VARIANTS}",
                 self.variants)
-        require("uniform_control" not in self.variants or self.run.learner.actor_update == "awr", "variants",
-                "no uniform_control unless run.learner.actor_update=awr (its uniform weights are AWR's)",
-                self.variants)
         require(self.chunking.strategy != "sync", "chunking.strategy",
                 "naive, blend or rtc (the residual acts inside asynchronous execution)", self.chunking.strategy)
         require(bool(self.name) and not set(self.name) & set("/\\"), "name",

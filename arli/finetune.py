@@ -202,8 +202,10 @@ class Finetuner:
         else:
             kept = copy.deepcopy(self.learner.actor.state_dict())
             self.learner.actor.load_state_dict(self.learner.actor_start.state_dict())
+            self.learner.gating = False  # the start acts alone, as it did when RL began
             start = self._tune_successes(first)
             self.learner.actor.load_state_dict(kept)
+            self.learner.gating = True
         reverted = trained < start
         if reverted:
             self.learner.revert_to_start()

@@ -55,7 +55,7 @@ def make_finetuner(cfg: FinetuneConfig, render: bool = False):
 # such key and ran with this value, not today's default
 BEFORE_THEY_EXISTED = {"run.learner.awr_advantage": "td", "run.learner.anchor_decay_updates": 0,
                        "run.start_guard": False, "run.demonstrations": "expert", "run.end_guard": False,
-                       "run.guard_episodes": 0}
+                       "run.guard_episodes": 0, "run.learner.backup_candidates": 0}
 
 
 def load_run_config(run_dir: str) -> FinetuneConfig:

@@ -378,6 +378,11 @@ def test_a_refit_critic_sees_the_action_through_its_treatment():
         critic = ActionInputCritic(inner, t, slice(1, 3), scale=0.3, exploration_std=0.1)
         seen[t] = critic.encode(state, action)
         assert torch.allclose(critic(state, action), inner(state, seen[t]))
+        # value gating scores K candidates per state through the same treatment
+        cands = torch.stack([action, -action, 0.5 * action])  # (K=3, B=1, m)
+        many = critic.candidates(state, cands)
+        for k in range(3):
+            torch.testing.assert_close(many[:, k], critic(state, cands[k]), rtol=1e-5, atol=1e-5)
     assert torch.allclose(seen["executed"], action)
     assert torch.allclose(seen["residual"], torch.tensor([[1.0, -1.0]]))
     assert torch.allclose(seen["residual_std"], torch.tensor([[10.0, -10.0]]))

@@ -36,7 +36,7 @@ def test_defaults_and_overrides():
     ("finetune", "run.regime=online", "run.regime"),
     ("finetune", "run.learner.actor_update=sac", "run.learner.actor_update"),
     ("finetune", "run.learner.q_filter=true", "run.learner.q_filter"),  # acts under actor_update=dpg only
-    ("finetune", "run.learner.actor_update=select", "run.learner.gate_candidates"),  # needs candidates
+    ("finetune", "run.learner.gate_candidates=-1", "run.learner.gate_candidates"),
     ("finetune", "run.seed=1000", "run.seed"),  # each training seed has its own block of episode seeds
     ("finetune", "run.intervention.max_steps=-1", "run.intervention.max_steps"),
     ("record", "run.learner.tau=0", "run.learner.tau"),
@@ -75,6 +75,14 @@ def test_defaults_and_overrides():
 def test_bad_values_name_the_field(command, override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         compose(command, [override])
+
+
+def test_the_select_update_needs_value_gatings_candidates():
+    """select regresses onto the best of gate_candidates candidates: with fewer than 2 it would be
+    plain regression onto the data, refused naming the field."""
+    compose("finetune", ["run.learner.actor_update=select"])  # the default's 8 candidates
+    with pytest.raises(ConfigError, match=r"run\.learner\.gate_candidates: .*>= 2 with run\.learner\.actor_update=select"):
+        compose("finetune", ["run.learner.actor_update=select", "run.learner.gate_candidates=1"])
 
 
 def test_an_actor_loss_with_no_term_is_rejected():
@@ -289,7 +297,8 @@ def test_a_run_saved_before_a_setting_existed_loads_with_what_it_ran(tmp_path):
     from arli.runs import load_run_config
 
     saved = OmegaConf.to_container(OmegaConf.structured(FinetuneConfig()))
-    for key in ("awr_advantage", "anchor_decay_updates"):
+    saved["run"]["learner"].update(actor_update="awr", gate_candidates=0)  # the learner of those days
+    for key in ("awr_advantage", "anchor_decay_updates", "backup_candidates"):
         del saved["run"]["learner"][key]
     del saved["run"]["start_guard"]
     del saved["run"]["demonstrations"]
@@ -297,6 +306,7 @@ def test_a_run_saved_before_a_setting_existed_loads_with_what_it_ran(tmp_path):
     OmegaConf.save(OmegaConf.create(saved), tmp_path / "config.yaml")
     run = load_run_config(str(tmp_path)).run
     assert (run.learner.awr_advantage, run.learner.anchor_decay_updates, run.start_guard) == ("td", 0, False)
+    assert run.learner.backup_candidates == 0 and FinetuneConfig().run.learner.backup_candidates == 8
     assert run.guard_episodes == 0 and run.guard_count() == run.eval_episodes  # its guards: the curve's episodes
     assert run.demonstrations == "expert" and FinetuneConfig().run.demonstrations == "bounded"
     assert FinetuneConfig().run.learner.awr_advantage == "q"  # today's default differs

@@ -226,9 +226,10 @@ def test_finetune_entry_point_writes_a_consistent_run(tmp_path):
     assert start["env_steps"] == 0 and start["updates"] == 0
     assert len(points) == 2 and all(h["env_steps"] >= 300 and h["updates"] > 0 for h in points)
     assert all(np.isfinite(h["q_eval"]) and 0 <= h["return_eval"] <= 1 for h in summary["history"])
-    # what the learner measured last, at each curve point and at the end (AWR: the weights' ESS)
-    assert all(0 < h["learner"]["awr_weight_ess"] <= 1 for h in points)
-    assert 0 < summary["learner_diagnostics"]["awr_weight_ess"] <= 1
+    # what the learner measured last, at each curve point and at the end (the default's select update:
+    # the share of rows whose chosen target is the data's own action)
+    assert all(0 <= h["learner"]["moved_to_data"] <= 1 for h in points)
+    assert 0 <= summary["learner_diagnostics"]["moved_to_data"] <= 1
     for name in ("checkpoint/trainer_state.pt", "checkpoint/residual_actor.safetensors",
                  "learning_curve.png", "config.yaml"):
         assert (out / name).exists(), name

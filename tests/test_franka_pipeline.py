@@ -35,7 +35,7 @@ def test_serve_learner_actor_on_a_franka_record_and_learn(tmp_path):
             running(["serve", "env=pick_cube", f"checkpoint={act}", *transport], out / "serve.log"), \
             running(["learner", "robot=franka", "env=pick_cube", "chunk_size=10", "run.anchor_episodes=0",
                      "run.env_steps=100000", "run.learn_after=30", "run.learner.pretrain_updates=0",
-                     "checkpoint_every_s=1",
+                     "run.learner.critic_warmup_updates=5", "checkpoint_every_s=1",
                      f"output_dir={out}/learner", *transport], out / "learner.log"):
         actor = subprocess.run(
             [sys.executable, "-m", "arli.cli", "actor", "robot=franka", f"franka.hostname={host}",
@@ -51,6 +51,8 @@ def test_serve_learner_actor_on_a_franka_record_and_learn(tmp_path):
     assert stats["episodes"] == 3 and stats["robot_faults"] == 0
     assert stats["steps"] == 90  # 30 steps each: no episode cut short
     assert stats["latency_ms"]["p50"] > 0  # chunks came from the server, measured on the robot
+    # the default learner gates by value: its critic came with the weights and chose actions on the robot
+    assert 0 < stats["gated_steps"] < 90 and stats["overruled_steps"] > 0
     # the learner got every step exactly once, from this actor
     service = json.loads((out / "learner" / "checkpoint" / "service.json").read_text())
     assert service["received_rows"] == 90 and len(service["episodes"]) == 3

@@ -511,7 +511,6 @@ def test_controls_run_at_every_positive_delay_and_the_ceiling_once_per_delay():
 
 def test_uniform_control_weights_every_row_one_and_bc_control_drops_the_critic():
     from arli.bench.latency_sweep import cell_settings, cell_spec
-    from arli.config import ConfigError
 
     cfg_dict = cell_settings(compose("bench_latency_sweep", ["checkpoint=expert", "budget=2000"]))
     arli, uniform, bc = (cell_spec(cfg_dict, v, 2) for v in ("arli", "uniform_control", "bc_control"))
@@ -520,10 +519,18 @@ def test_uniform_control_weights_every_row_one_and_bc_control_drops_the_critic()
     assert bc.learner.q_weight == 0.0
     for spec in (arli, uniform, bc):  # otherwise the same run as arli's
         assert spec.variant == "arli" and spec.seed == 2 and spec.env_steps == 2000
-    assert uniform.learner == arli.learner.__class__(**{**vars(arli.learner), "awr_weights": "uniform"})
-    with pytest.raises(ConfigError, match="uniform_control"):  # uniform weights are AWR's
-        compose("bench_latency_sweep", ["run.learner.actor_update=dpg"])
-    compose("bench_latency_sweep", ["run.learner.actor_update=dpg", "variants=[arli,bc_control]"])
+    # the critic steers nothing in a control: no value gating, AWR where the default's select needs candidates
+    assert arli.learner.gate_candidates == 8 and arli.learner.actor_update == "select"
+    assert uniform.learner == arli.learner.__class__(**{**vars(arli.learner), "awr_weights": "uniform",
+                                                        "actor_update": "awr", "gate_candidates": 0})
+    assert bc.learner == arli.learner.__class__(**{**vars(arli.learner), "q_weight": 0.0, "actor_update": "awr",
+                                                   "gate_candidates": 0})
+    for spec in (uniform, bc):
+        spec.learner.validate()
+    # under dpg the uniform control is still AWR with uniform weights; the BC control keeps dpg's update
+    dpg = cell_settings(compose("bench_latency_sweep", ["checkpoint=expert", "run.learner.actor_update=dpg"]))
+    assert cell_spec(dpg, "uniform_control", 2).learner.actor_update == "awr"
+    assert cell_spec(dpg, "bc_control", 2).learner.actor_update == "dpg"
 
 
 def test_ideal_reference_reuses_standard_at_zero_delay():
@@ -735,6 +742,9 @@ def test_base_digest_only_rebuilds_reports():
 
 
 # -- finished `arli finetune` runs as cells (runs=[...]) ----------------------------------
+# the controls' learners as `arli finetune` overrides (the sweep's control_settings at the default select update)
+BC_CONTROL = ("run.learner.q_weight=0", "run.learner.actor_update=awr", "run.learner.gate_candidates=0")
+UNIFORM_CONTROL = ("run.learner.awr_weights=uniform", "run.learner.actor_update=awr", "run.learner.gate_candidates=0")
 def _finetune_run(root, name, *overrides, final=95, start=85, base=30, digest="expert", seed=0, episodes=N,
                   summary=None):
     """A finished run's files as `arli finetune` writes them (its config through the same
@@ -786,10 +796,10 @@ def test_finished_runs_fill_their_cells_and_stay_in_their_directories(tmp_path, 
 
     runs = [_finetune_run(tmp_path, f"arli_s{s}", seed=s, final=95 - s) for s in (0, 1)]
     # a control by its learner; the curve's spacing is free (it changes no reported number)
-    runs += [_finetune_run(tmp_path, f"bc_s{s}", "run.learner.q_weight=0", "run.eval_every=5000", seed=s, final=80)
+    runs += [_finetune_run(tmp_path, f"bc_s{s}", *BC_CONTROL, "run.eval_every=5000", seed=s, final=80)
              for s in (0, 1)]
     # a run that recorded its code (this code) and threads (the sweep's): checked, not flagged
-    runs += [_finetune_run(tmp_path, f"uniform_s{s}", "run.learner.awr_weights=uniform", seed=s, final=86,
+    runs += [_finetune_run(tmp_path, f"uniform_s{s}", *UNIFORM_CONTROL, seed=s, final=86,
                            summary={"sources": {"arli/stats.py": ls._file_digest("arli/stats.py")},
                                     "torch_threads": 1}) for s in (0, 1)]
     # the cache's own arli@4 row is replaced by the named runs

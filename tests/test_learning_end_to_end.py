@@ -7,9 +7,12 @@ mostly short; the default learner must find the rest from reward, and the BC con
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
+from arli.bench.latency_sweep import control_settings
 from arli.finetune import Finetuner
 from arli.latency import FixedLatency
 from arli.rl.config import LearnerConfig, RunSpec
@@ -20,11 +23,13 @@ TEST_SEED, EPISODES = 5_000_000, 50
 
 def _run(q_weight: float, seed: int) -> dict[str, float]:
     torch.set_num_threads(1)
-    # the default learner (AWR, consistent advantage, fading anchor BC), sized for the task;
+    # the default learner (value gating, select update, fading anchor BC), sized for the task;
     # residual_scale 1: the missing correction (0.5) is beyond the default bound of 0.3
     learner = LearnerConfig(batch_size=64, hidden=32, critic_hidden=32, critic_heads=2, critic_warmup_updates=300,
-                            pretrain_updates=300, buffer_size=20_000, residual_scale=1.0, q_weight=q_weight,
+                            pretrain_updates=300, buffer_size=20_000, residual_scale=1.0,
                             anchor_decay_updates=1000 if q_weight else 0)
+    if not q_weight:  # the BC control as the sweep runs it: the critic steers neither the update nor the acting
+        learner = replace(learner, **control_settings("bc_control", learner.actor_update))
     spec = RunSpec(env_steps=3000, anchor_episodes=5, learn_after=200, eval_every=10**9, eval_episodes=20,
                    test_episodes=EPISODES, seed=seed, learner=learner, start_guard=False)
     # base settles 0.1 short (bias -0.5); the demonstrator corrects only to 0.07 short (-0.35)

@@ -52,11 +52,15 @@ class ActionInputCritic(nn.Module):
         self.gain = 1.0 / scale / (exploration_std if treatment == "residual_std" else 1.0)
 
     def encode(self, state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        """The action as this critic sees it (B, m)."""
-        return action if self.treatment == "executed" else (action - state[:, self.base]) * self.gain
+        """The action as this critic sees it: state (B, D), action (B, m) or (K, B, m)."""
+        return action if self.treatment == "executed" else (action - state[..., self.base]) * self.gain
 
     def forward(self, state: torch.Tensor, action: torch.Tensor, heads: torch.Tensor | None = None) -> torch.Tensor:
         return self.inner(state, self.encode(state, action), heads)
+
+    def candidates(self, state: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """K candidate actions per state, as ``EnsembleCritic.candidates``: (K, B, m) -> (E, K, B)."""
+        return self.inner.candidates(state, self.encode(state, actions))
 
 
 def refit_critic(ft, entry: str, updates: int, seed: int = 0, bar=None) -> ResidualLearner:

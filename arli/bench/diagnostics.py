@@ -26,7 +26,10 @@ from arli.config import BenchDiagnosticsConfig, ConfigError
 
 SPEED_KEYS = ("env_steps_per_s", "updates_per_s", "wall_s")
 QUANTILES = (("min", 0.0), ("p25", 0.25), ("median", 0.5), ("p75", 0.75), ("max", 1.0))
-CONTROL_KEYS = {"uniform_control": "awr_weights", "bc_control": "q_weight"}  # the setting that makes each
+# the settings that make each control (``arli.bench.latency_sweep.control_settings``: its own, and
+# the critic's influence on the acting and the update off)
+CONTROL_KEYS = {"uniform_control": ("awr_weights", "actor_update", "gate_candidates"),
+                "bc_control": ("q_weight", "actor_update", "gate_candidates")}
 
 
 def _run_dir(path: str) -> str | None:
@@ -75,7 +78,7 @@ def learner_label(run_dir: str) -> str:
     default, mine = flatten(asdict(LearnerConfig())), flatten(asdict(learner))
     control = control_of(run_dir)
     changed = [f"{k}={hydra_value(v)}" for k, v in mine.items()
-               if default.get(k) != v and k != CONTROL_KEYS.get(control or "")]
+               if default.get(k) != v and k not in CONTROL_KEYS.get(control or "", ())]
     return " ".join(([control] if control else []) + changed) or "default"
 
 

@@ -75,11 +75,23 @@ def cell_spec(cfg_dict: dict, variant: str, seed: int):
                       "intervention": InterventionSpec(**run.pop("intervention"))})
     spec = replace(spec, variant=RL_VARIANTS[variant][0], seed=seed, regime=cfg_dict["regime"],
                    env_steps=cfg_dict["budget"], eval_every=max(1, cfg_dict["budget"] // 4))
-    if variant == "bc_control":  # the same learner, the critic steers nothing: BC on the anchor rows
-        spec = replace(spec, learner=replace(spec.learner, q_weight=0.0))
-    elif variant == "uniform_control":  # AWR with every row (online and anchor) weighted 1
-        spec = replace(spec, learner=replace(spec.learner, awr_weights="uniform"))
+    if variant in CONTROL_SETTINGS:
+        spec = replace(spec, learner=replace(spec.learner, **control_settings(variant, spec.learner.actor_update)))
     return spec
+
+
+# the controls' learners: the critic steers nothing, neither the actor's update nor, by value gating,
+# the executed action (the max-Q backup stays: it shapes only the critic, which then steers nothing)
+CONTROL_SETTINGS = {"bc_control": {"q_weight": 0.0},  # BC on the anchor rows
+                    "uniform_control": {"actor_update": "awr", "awr_weights": "uniform"}}  # every row weighted 1
+
+
+def control_settings(variant: str, actor_update: str) -> dict:
+    """The learner settings that make ``variant`` (a control) of a learner with this actor
+    update: the control's own, no gating, and AWR where the update is select (select takes
+    its candidates from gating; with q_weight 0 both are the same BC on the anchor rows)."""
+    return {"gate_candidates": 0, **({"actor_update": "awr"} if actor_update == "select" else {}),
+            **CONTROL_SETTINGS[variant]}
 
 
 def ceiling_settings(cfg_dict: dict) -> dict:
@@ -419,8 +431,10 @@ def cell_code() -> str:
     report-only paths for ``sources``, so their cell functions are hashed instead)."""
     from arli.bench import ceiling  # noqa: PLC0415
 
-    parts = (run_cell, cell_spec, ceiling_settings, ceiling.run_cell, ceiling._setup, ceiling.ProjectedExpert)
-    return hashlib.sha1("".join(inspect.getsource(p) for p in parts).encode()).hexdigest()[:12]
+    parts = (run_cell, cell_spec, control_settings, ceiling_settings, ceiling.run_cell, ceiling._setup,
+             ceiling.ProjectedExpert)
+    source = "".join(inspect.getsource(p) for p in parts) + json.dumps(CONTROL_SETTINGS, sort_keys=True)
+    return hashlib.sha1(source.encode()).hexdigest()[:12]
 
 
 def cell_settings(cfg: LatencySweepConfig) -> dict:

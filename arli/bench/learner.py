@@ -28,6 +28,9 @@ from arli.config import BenchLearnerConfig
 from arli.errors import ConfigError
 from arli.policies.residual import ResidualActor, compose_action
 from arli.rl.config import LearnerConfig
+
+# the reference's update (AWR, acting with pi, the TD3 backup): the former default, `+recipe=awr`
+TD3_BACKUP = {"actor_update": "awr", "gate_candidates": 0, "backup_candidates": 0}
 from arli.rl.learner import ResidualLearner, anchor_term
 from arli.rl.replay import ReplayBuffer, mixed_batch
 from arli.types import DEMO
@@ -151,13 +154,13 @@ def matmul_peak_gflops(device: str = "cpu", seconds: float = 1.0) -> float:
 
 def sweep(cfg: BenchLearnerConfig, device: str, state_dim: int, online: ReplayBuffer,
           anchor: ReplayBuffer) -> list[dict]:
-    """Updates/s of the default learner at each ``[batch, critic heads, critic hidden]`` of
+    """Updates/s of the learner (TD3 backup, as the reference) at each ``[batch, critic heads, critic hidden]`` of
     ``cfg.shapes`` (the target's min stays over 2 heads): what a bigger ensemble (ResFiT: 10
     heads) or batch costs on this device."""
     rows = []
     for batch, heads, hidden in cfg.shapes:
         shape_cfg = LearnerConfig(critic_warmup_updates=0, batch_size=batch, critic_heads=heads,
-                                  critic_hidden=hidden)
+                                  critic_hidden=hidden, **TD3_BACKUP)
         learner = ResidualLearner(shape_cfg, state_dim, cfg.action_dim, cfg.seed, device=device)
         per_s = rate(lambda: learner.update(online, anchor), cfg.seconds, 3, device)
         flops = update_flops(shape_cfg, state_dim, cfg.action_dim)
@@ -181,16 +184,20 @@ def measure(cfg: BenchLearnerConfig) -> dict:
     """Run the measurements; the report's JSON payload (everything ``report_md`` needs)."""
     torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
-    learner_cfg = LearnerConfig(critic_warmup_updates=0)  # measure the full update, actor included
+    # the reference's math (acting with pi, the TD3 backup): the default's value gating adds the
+    # scoring of its backup candidates, measured on its own below (``gated_updates_per_s``)
+    learner_cfg = LearnerConfig(critic_warmup_updates=0, **TD3_BACKUP)  # the full update, actor included
     D = StateBuilder("arli", cfg.obs_dim, cfg.action_dim, cfg.chunk_size).dim
     online, anchor = filled_buffers(D, cfg.action_dim, 20_000, cfg.seed)
     ours = ResidualLearner(learner_cfg, D, cfg.action_dim, cfg.seed, device=device)
     ref = ReferenceLearner(learner_cfg, D, cfg.action_dim, cfg.seed, device=device)
     # interleaved, best of two rounds each: this machine's speed drifts between seconds
-    ours_rate = ref_rate = 0.0
+    gated = ResidualLearner(LearnerConfig(critic_warmup_updates=0), D, cfg.action_dim, cfg.seed, device=device)
+    ours_rate = ref_rate = gated_rate = 0.0
     for _ in range(2):
         ours_rate = max(ours_rate, rate(lambda: ours.update(online, anchor), cfg.seconds, 20, device))
         ref_rate = max(ref_rate, rate(lambda: ref.update(online, anchor), cfg.seconds, 20, device))
+        gated_rate = max(gated_rate, rate(lambda: gated.update(online, anchor), cfg.seconds, 20, device))
     # what bounds it: the same update with tiny networks (the per-update dispatch floor) and
     # the device's dense matmul peak
     tiny_cfg = LearnerConfig(critic_warmup_updates=0, hidden=4, critic_hidden=4, batch_size=8)
@@ -204,6 +211,8 @@ def measure(cfg: BenchLearnerConfig) -> dict:
                "seconds": cfg.seconds,
                "updates_per_s": round(ours_rate, 1), "reference_updates_per_s": round(ref_rate, 1),
                "ratio": round(ours_rate / ref_rate, 2), "gflop_per_update": round(flops / 1e9, 3),
+               "gated_updates_per_s": round(gated_rate, 1),
+               "gate_candidates": LearnerConfig.gate_candidates, "backup_candidates": LearnerConfig.backup_candidates,
                "achieved_gflop_s": round(ours_rate * flops / 1e9, 1), "matmul_peak_gflop_s": round(peak, 1),
                "dispatch_floor_ms": round(floor_ms, 2), "update_ms": round(1000 / ours_rate, 2),
                "compute_gflop_s": round(flops / 1e9 / max(1000 / ours_rate - floor_ms, 1e-3) * 1000, 1),
@@ -230,10 +239,14 @@ def report_md(p: dict) -> str:
     update_ms, flops, peak = p["update_ms"], p["gflop_per_update"] * 1e9, p["matmul_peak_gflop_s"]
     compute = p.get("compute_gflop_s", flops / 1e9 / max(update_ms - floor_ms, 1e-3) * 1000)
     seconds = p.get("seconds", BenchLearnerConfig.seconds)
+    # reports written before value gating was the default measured the default, then ungated
+    label = "TD3 backup, acting with pi" if "gated_updates_per_s" in p else "default `LearnerConfig`"
     md = (f"# Learner update speed{'' if on_cpu else ' on ' + name}\n\n"
           f"Command: `{command}` ({where}, best of 2 interleaved {seconds:g} s measurements)\n\n"
-          f"| learner | updates/s |\n|---|---:|\n| ours (default `LearnerConfig`) | {ours_rate:.1f} |\n"
-          f"| reference (CleanRL-style, same math) | {ref_rate:.1f} |\n| ratio | {p['ratio']:.2f}x |\n\n"
+          f"| learner | updates/s |\n|---|---:|\n| ours ({label}) | {ours_rate:.1f} |\n"
+          f"| reference (CleanRL-style, same math) | {ref_rate:.1f} |\n| ratio | {p['ratio']:.2f}x |\n"
+          + (f"| ours, the default with value gating ({p['backup_candidates']} backup candidates scored per "
+             f"row) | {p['gated_updates_per_s']:.1f} |\n" if "gated_updates_per_s" in p else "") + "\n"
           f"Shapes: state {p['state_dim']}, action {p.get('action_dim', BenchLearnerConfig.action_dim)}, "
           f"batch {p['batch_size']}, "
           f"{p['critic_heads']} critic heads x {p['critic_hidden']} hidden, actor "

@@ -51,7 +51,7 @@ def histogram(errors_ms: np.ndarray, residual_ms: np.ndarray, path: str) -> None
 
 def main(cfg: BenchRuntimeConfig) -> int:
     from arli.augment import StateBuilder  # noqa: PLC0415
-    from arli.policies.residual import ResidualActor  # noqa: PLC0415
+    from arli.policies.residual import EnsembleCritic, ResidualActor  # noqa: PLC0415
     from arli.policies.residual_np import ResidualActing  # noqa: PLC0415
     from arli.rl.config import LearnerConfig  # noqa: PLC0415
     from arli.chunking import make_scheduler  # noqa: PLC0415
@@ -80,7 +80,12 @@ def main(cfg: BenchRuntimeConfig) -> int:
         actor = ResidualActor(builder.dim, driver.action_dim, lcfg.hidden)
         torch.nn.init.normal_(actor.net[-1].weight, std=0.1)  # non-zero output: a trained residual's cost
         arrays = {k: v.detach().numpy() for k, v in actor.state_dict().items()}
-        ctl = RemoteResidualController(ResidualActing(lcfg, arrays, driver.action_dim), builder, link)
+        # the default learner gates by value: the robot scores its candidates with the critic every step
+        critic = EnsembleCritic(builder.dim, driver.action_dim, lcfg.critic_heads, lcfg.critic_hidden)
+        policy = ResidualActing(lcfg, arrays, driver.action_dim,
+                                critic={k: v.detach().numpy() for k, v in critic.state_dict().items()})
+        policy.updates = max(1, lcfg.critic_warmup_updates)  # past the warm-up: gating on, as in a trained run
+        ctl = RemoteResidualController(policy, builder, link)
         scheduler = make_scheduler(cfg.chunking, inference.chunk_size, driver.action_dim,
                                    cfg.chunking.planned_delay_steps, cfg.chunking.min_delay_steps or 0)
         clock = MonotonicClock(driver.dt, spin_s=cfg.spin_s)

@@ -188,7 +188,9 @@ def actor_main(cfg: ActorConfig) -> int:
            "dropped_episodes": link.dropped_episodes,
            "latency_ms": {q: float(np.percentile(np.asarray(inference.latencies) * 1000, p))
                           for q, p in (("p50", 50), ("p99", 99))} if inference.latencies else {},
-           "residual_p99_ms": float(np.percentile(residual, 99)) if len(residual) else None}
+           "residual_p99_ms": float(np.percentile(residual, 99)) if len(residual) else None,
+           # value gating on the robot: steps the critic chose the action, and those it overruled r on
+           "gated_steps": ctl.policy.gated_steps, "overruled_steps": ctl.policy.overruled_steps}
     with open(os.path.join(cfg.output_dir, "stats.json"), "w", encoding="utf-8") as fh:
         json.dump(out, fh, indent=1)
     print(f"arli actor {cfg.actor_id}: {stats.episodes} episodes, success {stats.successes}/{stats.episodes}; "

@@ -101,3 +101,22 @@ class EnsembleCritic(nn.Module):
         # last layer as a batched (B, h) @ (h, 1) per head: one kernel forward and two backward,
         # where (h * w3).sum(-1) + b3 issues three elementwise passes over (k, B, h) each way
         return torch.baddbmm(b3.unsqueeze(-1), h, w3.transpose(1, 2)).squeeze(-1)  # (k, B)
+
+    def candidates(self, state: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """Q of K candidate actions per state: state (B, D), actions (K, B, m) -> (E, K, B).
+
+        The same numbers as ``forward`` on the state repeated K times, but the state's part of
+        the first layer, (B, D) @ (D, E * h), is computed once and shared by the K candidates:
+        with D >> m that is most of the first layer (value gating's acting, backup and
+        selection score 8-9 candidates per state)."""
+        K, B, m = actions.shape
+        w1 = self.w1.flatten(1)  # (D + m, E * h)
+        d = w1.shape[0] - m
+        if state.shape != (B, d):
+            raise ValueError(f"candidates: state {tuple(state.shape)} for actions {tuple(actions.shape)}; expected ({B}, {d})")
+        shared = torch.addmm(self.b1.reshape(-1), state, w1[:d])  # (B, E * h)
+        h = (actions.reshape(K * B, m) @ w1[d:]).view(K, B, -1) + shared  # (K, B, E * h)
+        h = h.view(K * B, self.heads, self.hidden).transpose(0, 1).contiguous()  # (E, K * B, h)
+        h = torch.relu(nn.functional.layer_norm(h, (self.hidden,)))
+        h = torch.relu(nn.functional.layer_norm(self.l2(h), (self.hidden,)))
+        return torch.baddbmm(self.b3.unsqueeze(-1), h, self.w3.transpose(1, 2)).view(self.heads, K, B)

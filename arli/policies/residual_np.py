@@ -10,6 +10,10 @@ import math
 import numpy as np
 
 
+# a weights message's critic arrays (value gating on the robot) are its state dict's keys with this prefix
+CRITIC_PREFIX = "critic."
+
+
 def compose_numpy(base: np.ndarray, residual: np.ndarray, scale: float) -> np.ndarray:
     """a = clip(b + scale * r, -1, 1) for arrays (..., m), float32."""
     return np.clip(base + scale * residual, -1.0, 1.0).astype(np.float32)
@@ -60,6 +64,56 @@ class NumpyResidualActor:
         return np.tanh(out, out=out)
 
 
+class NumpyEnsembleCritic:
+    """``EnsembleCritic``'s Q of K candidate actions for one state, in numpy, for value gating on
+    the robot: state (D,), actions (K, m) -> (E, K), same numbers (tested).
+
+    ``arrays``: the torch critic's state dict as numpy (keys ``w1`` (D + m, E, h), ``b1`` (E, h),
+    ``l2.weight`` (E, h, h), ``l2.bias`` (E, 1, h), ``w3`` (E, 1, h), ``b3`` (E, 1))."""
+
+    def __init__(self, arrays: dict[str, np.ndarray]):
+        self.load(arrays)
+
+    def load(self, arrays: dict[str, np.ndarray]) -> None:
+        def get(key: str) -> np.ndarray:
+            return np.ascontiguousarray(np.asarray(arrays[key], np.float32))
+
+        w1 = get("w1")
+        self.fan_in, self.heads, self.hidden = w1.shape
+        self.w1 = w1.reshape(self.fan_in, -1)  # (D + m, E * h)
+        self.b1 = get("b1").reshape(-1)
+        self.w2, self.b2 = get("l2.weight"), get("l2.bias")  # (E, h, h), (E, 1, h)
+        self.w3, self.b3 = np.ascontiguousarray(get("w3")[:, 0]), get("b3")[:, 0, None]  # (E, h), (E, 1)
+        self._inv_h, self._eps = np.float32(1.0 / self.hidden), np.float32(1e-5)
+
+    def _norm_relu(self, h: np.ndarray) -> np.ndarray:
+        """In place: LayerNorm over the last axis without affine parameters (the critic's), ReLU."""
+        mean = h.sum(-1, keepdims=True)
+        mean *= self._inv_h
+        h -= mean
+        var = np.einsum("...i,...i->...", h, h)[..., None]
+        var *= self._inv_h
+        var += self._eps
+        h /= np.sqrt(var, out=var)
+        return np.maximum(h, 0.0, out=h)
+
+    def candidates(self, state: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        """state (D,), actions (K, m) -> Q (E, K); the state's part of the first layer once.
+        Most of its ~0.1 ms on one CPU core is the second layer's (E, K, h) @ (E, h, h)."""
+        K, m = actions.shape
+        d = self.fan_in - m
+        h = np.dot(np.asarray(state, np.float32), self.w1[:d])
+        h += self.b1  # (E * h,)
+        x = np.dot(np.asarray(actions, np.float32), self.w1[d:])
+        x += h  # (K, E * h)
+        x = self._norm_relu(x.reshape(K, self.heads, self.hidden)).transpose(1, 0, 2)  # (E, K, h)
+        y = np.matmul(x, self.w2)
+        y += self.b2
+        q = np.einsum("ekh,eh->ek", self._norm_relu(y), self.w3)
+        q += self.b3
+        return q  # (E, K)
+
+
 class NoiseProcess:
     """The exploration process on r within an episode, from white draws xi_t (m,) already
     scaled by the std: independent (``corr`` 0), AR(1) with correlation ``corr`` (stationary:
@@ -88,25 +142,47 @@ class NoiseProcess:
 
 class ResidualActing:
     """What the robot needs of the learner to act: ``act(state, base, explore)`` with the
-    numpy actor, Gaussian exploration on r (``NoiseProcess``: the learner's, from
-    ``cfg.exploration_corr`` and ``cfg.exploration_differenced``), a = clip(b + scale * r).
-    ``cfg``: LearnerConfig.
+    numpy actor, value gating where the learner gates (``cfg.gate_candidates`` > 1: the
+    highest mean-head Q of {r, 0 (the base), gate_candidates - 2 perturbations of r (std
+    ``cfg.gate_std``)}, as ``ResidualLearner.act``, once the critic is past its warm-up),
+    Gaussian exploration on r (``NoiseProcess``: the learner's, from ``cfg.exploration_corr``
+    and ``cfg.exploration_differenced``), a = clip(b + scale * r). ``cfg``: LearnerConfig;
+    ``critic``: the critic's arrays (``NumpyEnsembleCritic``), needed where the learner gates.
 
-    Exploration noise is drawn in blocks by ``prepare()``, which the runtime calls before the
-    tick (``warm``), so a step's critical path holds no random-number generation; clipping
-    uses ufuncs with ``out=`` (``np.clip``'s Python wrapper costs more than the clip)."""
+    Exploration and candidate noise are drawn in blocks by ``prepare()``, which the runtime calls
+    before the tick (``warm``), so a step's critical path holds no random-number generation;
+    clipping uses ufuncs with ``out=`` (``np.clip``'s Python wrapper costs more than the clip)."""
 
     NOISE_BLOCK = 256  # steps of exploration noise drawn at once
 
-    def __init__(self, cfg, arrays: dict[str, np.ndarray], action_dim: int, seed: int = 0):
+    def __init__(self, cfg, arrays: dict[str, np.ndarray], action_dim: int, seed: int = 0,
+                 critic: dict[str, np.ndarray] | None = None):
         self.cfg, self.action_dim = cfg, action_dim
         self.actor = NumpyResidualActor(arrays)
+        self.gates = cfg.gate_candidates > 1
+        if self.gates and critic is None:
+            raise ValueError("value gating (learner.gate_candidates > 1) acts through the critic: pass its arrays "
+                             "(the learner publishes them with the actor's where it gates)")
+        self.critic = NumpyEnsembleCritic(critic) if self.gates else None
         self.rng = np.random.default_rng(seed)
-        self.updates = 0
+        self.updates = 0  # the learner's, with the weights: gating starts after the critic's warm-up
+        self.gated_steps = self.overruled_steps = 0  # steps the critic chose; of them, not r itself
         self.scale = np.float32(cfg.residual_scale)
         self._noise = np.empty((0, action_dim), np.float32)
+        self._gate_noise = np.empty((0, max(cfg.gate_candidates - 2, 0), action_dim), np.float32)
         self._next = 0
         self.process = NoiseProcess(cfg.exploration_corr, cfg.exploration_differenced)
+
+    def load(self, arrays: dict[str, np.ndarray], critic: dict[str, np.ndarray] | None = None,
+             updates: int | None = None) -> None:
+        """New weights from the learner (between steps): the actor's, the critic's where it gates."""
+        self.actor.load(arrays)
+        if self.gates:
+            if critic is None:
+                raise ValueError("value gating: the learner's weights came without the critic's")
+            self.critic.load(critic)
+        if updates is not None:
+            self.updates = int(updates)
 
     def begin_episode(self) -> None:
         """Restarts the exploration process (its correlation never spans two episodes)."""
@@ -117,11 +193,37 @@ class ResidualActing:
         if self._next >= len(self._noise):
             self._noise = np.float32(self.cfg.exploration_std) * self.rng.standard_normal(
                 (self.NOISE_BLOCK, self.action_dim), np.float32)
+            if self.gates:
+                self._gate_noise = np.float32(self.cfg.gate_std) * self.rng.standard_normal(
+                    (self.NOISE_BLOCK, *self._gate_noise.shape[1:]), np.float32)
             self._next = 0
+
+    def warm(self, state: np.ndarray) -> None:
+        """A step's forward passes on ``state`` (D,) with nothing acted: the actor's and, where it
+        gates, the critic's over K candidates, so code and weights are in the caches."""
+        r = self.actor(state)
+        if self.gates:
+            self.critic.candidates(state, np.repeat(r[None], self.cfg.gate_candidates, 0))
+
+    def gate(self, state: np.ndarray, base: np.ndarray, r: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        """The candidate residual (m,) of {r, 0, clip(r + noise_k)} (noise (K - 2, m)) whose
+        action clip(b + scale * c) has the highest mean-head Q."""
+        cands = np.concatenate([r[None], np.zeros_like(r)[None], np.clip(r[None] + noise, -1.0, 1.0)])
+        q = self.critic.candidates(state, compose_numpy(base, cands, float(self.scale)))
+        return cands[int(np.argmax(q.mean(0)))].copy()
 
     def act(self, state: np.ndarray, base: np.ndarray, explore: bool) -> np.ndarray:
         """state (D,), base (m,) -> executed action (m,) in [-1, 1]."""
         r = self.actor(state)
+        # an untrained critic does not choose (the learner's rule): r acts until its warm-up is over
+        if self.gates and self.updates >= max(1, self.cfg.critic_warmup_updates):
+            self.prepare()
+            chosen = self.gate(state, np.asarray(base, np.float32), r, self._gate_noise[self._next])
+            self.gated_steps += 1
+            self.overruled_steps += int(not np.array_equal(chosen, r))
+            r = chosen
+            if not explore:
+                self._next += 1
         if explore:
             self.prepare()  # a no-op unless the runtime did not call it before the tick
             r += self.process(self._noise[self._next])

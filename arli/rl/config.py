@@ -41,16 +41,29 @@ class LearnerConfig:
     policy_delay: int = 2  # actor / target updates every k critic updates
     anchor_ratio: float = 0.5  # share of each batch drawn from anchor replay (RLPD 50/50)
     # how much the critic drives the actor (awr: the advantage's weight, dpg: the Q term) and
-    # how much the anchor rows count. q_weight = 0: the behaviour-cloning control.
+    # how much the anchor rows count. q_weight = 0 (with gate_candidates = 0): the behaviour-cloning control.
     q_weight: float = 1.0
     anchor_weight: float = 1.0
     # how the critic drives the actor (reports/learner_tuning.md has the measurements):
-    # "awr": advantage-weighted regression onto the data's actions, advantages from the
-    #   critic's TD targets (the default: the only one that did not collapse at 15k steps);
-    # "dpg": deterministic policy gradient + Q-filtered BC (TD3+BC-style);
-    # "select": regress onto the highest-Q of nearby candidates and the row's own action
-    #   (PA-RL/EXPO-style).
-    actor_update: str = "awr"
+    # "select" (the default, with value gating below): regress onto the highest-Q of the gating
+    #   candidates and the row's own action (PA-RL/EXPO-style); kept over "awr" with gating on
+    #   three tune seeds (reports/tune_d8_50k_86ed35_form.md: awr's lower end 0.10 below it);
+    # "awr": advantage-weighted regression onto the data's actions (`+recipe=awr`: the former
+    #   default, without gating; the only update that did not collapse at 15k steps ungated);
+    # "dpg": deterministic policy gradient + Q-filtered BC (TD3+BC-style).
+    actor_update: str = "select"
+    # value gating when acting (EXPO / PLD): execute the highest-Q of {pi, base, gate_candidates - 2
+    # perturbations of pi (std gate_std on r)}; 0 or 1 = execute pi. The robot's actor gates too
+    # (the learner publishes the critic with the actor). On by default with the max-Q backup:
+    # chosen on tune seeds (reports/tune_d8_50k_86ed35.md, 0.97 against 0.82) and confirmed on
+    # fresh training seeds and the test episodes (reports/confirm_d8_50k_expo.md, +0.112
+    # [+0.067, +0.160]); `+recipe=awr` is the learner without it (the former default)
+    gate_candidates: int = 8
+    gate_std: float = 0.3
+    # max-Q backup (EXPO / PLD): the TD target's next action is the highest-target-Q of
+    # {pi'(s'), 0 (the base), backup_candidates - 2 perturbations of pi'(s') (std gate_std)},
+    # so the critic values what a value-gated actor would do; 0 or 1 = pi'(s') (TD3)
+    backup_candidates: int = 8
     # awr: weight exp(q_weight * advantage / awr_temperature), clipped. 0.02, not 0.05: at
     # d = 8 and 50k steps it lifted the start on 3 of 3 seeds (+0.15 mean), 0.05 by +0.05 on
     # seed 0 (reports/learner_tuning.md)
@@ -107,15 +120,6 @@ class LearnerConfig:
     # BC only on anchor rows whose action the critic values above the actor's (Q-filter,
     # Nair et al. 2018): the anchor pulls where it is better, the critic decides elsewhere
     q_filter: bool = False  # actor_update=dpg only
-    # value gating when acting (EXPO): execute the highest-Q of {pi, base, gate_candidates - 2
-    # perturbations of pi (std gate_std on r)}; 0 or 1 = execute pi. Off by default: at this
-    # budget the critic does not rank nearby actions reliably (see the tuning report)
-    gate_candidates: int = 0
-    gate_std: float = 0.3
-    # max-Q backup (EXPO / PLD): the TD target's next action is the highest-target-Q of
-    # {pi'(s'), 0 (the base), backup_candidates - 2 perturbations of pi'(s') (std gate_std)},
-    # so the critic values what a value-gated actor would do; 0 or 1 = pi'(s') (TD3)
-    backup_candidates: int = 0
     # global gradient-norm clip for the critic and the actor (ResFiT: 1.0); 0 = off
     grad_clip: float = 0.0
     # trust region to the start: + start_weight * mean_B ||r(s) - r_start(s)||^2 on every row,

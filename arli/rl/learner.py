@@ -8,18 +8,19 @@ range [q_min, q_max] (sparse success reward, episodes end on success).
 Actor (every ``policy_delay`` updates, after ``critic_warmup_updates`` critic-only ones), in
 residual units r in [-1, 1]^m; ``actor_update`` picks how the critic drives it:
 
-* ``awr`` (default): advantage-weighted regression onto the batch's own residuals,
+* ``awr``: advantage-weighted regression onto the batch's own residuals,
   weight exp(q_weight * A / awr_temperature), A = Q(s, a) - Q(s, pi(s)) (``awr_advantage=q``)
   or TD target - Q(s, pi(s)) (``td``); anchor rows count ``anchor_weight`` times, fading to 0
-  over ``anchor_decay_updates`` (``q_weight=0``: plain BC on anchor rows, the control;
+  over ``anchor_decay_updates`` (``q_weight=0``, ungated: plain BC on anchor rows, the control;
   ``awr_weights=uniform``: every row weighted 1, the uniform control);
 * ``dpg``: -q_weight * Q(s, pi(s)) / mean|Q| + anchor_weight * Q-filtered BC (TD3+BC-style);
-* ``select``: regression onto the highest-Q of nearby candidates (PA-RL/EXPO-style), anchor
-  rows counting ``anchor_weight`` times as in ``awr``.
+* ``select`` (default): regression onto the highest-Q of nearby candidates (PA-RL/EXPO-style),
+  anchor rows counting ``anchor_weight`` times as in ``awr``.
 
 Anchor rows' weight can fade out after the warm-up (``anchor_decay_updates``), the TD
 backup can take the max-Q of candidates around pi'(s') (``backup_candidates``, EXPO / PLD)
-and acting the max-Q of candidates around pi(s) (``gate_candidates``); ``awr_advantage="q"``
+and acting the max-Q of candidates around pi(s) (``gate_candidates``; both 8 by default: value
+gating, the base always a candidate); ``awr_advantage="q"``
 computes awr's advantage as Q(s, a) - Q(s, pi(s)) from the same heads on both sides.
 Every variant adds the trust region ``start_weight * ||r(s) - r_start(s)||^2``, r_start the
 frozen actor RL started from (0 = off).
@@ -32,6 +33,7 @@ that policy becomes r_start.
 from __future__ import annotations
 
 import copy
+import zlib
 
 import numpy as np
 import torch
@@ -99,26 +101,32 @@ class ResidualLearner:
         self.actor_opt = FlatAdam(self.actor_flat, lr=cfg.actor_lr)
         self.critic_opt = FlatAdam(self.critic_flat, lr=cfg.critic_lr)
         self.generator = torch.Generator().manual_seed(seed)
+        self._acting_generator = torch.Generator()  # evaluation's gating draws (``_state_seeded``)
+        # value gating acts once the critic is past its warm-up; not for the start deployed in
+        # place of a trained residual (``revert_to_start``): it was judged acting alone
+        self.gating = True
         self.updates = 0
         self._noise: torch.Tensor | None = None  # the exploration process's last value (1, m)
 
     # -- acting --------------------------------------------------------------------------
-    def candidates(self, r_pi: torch.Tensor, count: int, std: float) -> torch.Tensor:
+    def candidates(self, r_pi: torch.Tensor, count: int, std: float,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
         """Residual candidates around the actor's r_pi (B, m) -> (count, B, m): r_pi itself,
-        zero (the base action) and ``count - 2`` Gaussian perturbations of r_pi."""
-        noise = torch.randn((max(count - 2, 0), *r_pi.shape), generator=self.generator).to(r_pi.device) * std
+        zero (the base action) and ``count - 2`` Gaussian perturbations of r_pi (drawn from
+        ``generator``, default the training stream)."""
+        noise = torch.randn((max(count - 2, 0), *r_pi.shape), generator=generator or self.generator).to(r_pi.device)
+        noise = noise * std
         return torch.cat([r_pi[None], torch.zeros_like(r_pi)[None], (r_pi[None] + noise).clamp(-1, 1)])[:count]
 
     def best_candidate(self, state: torch.Tensor, base: torch.Tensor, cands: torch.Tensor,
-                       critic: EnsembleCritic | None = None) -> torch.Tensor:
+                       critic: EnsembleCritic | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The candidate residual (B, m) of ``cands`` (K, B, m) with the highest mean-head Q of
-        ``critic`` (default: the online critic)."""
+        ``critic`` (default: the online critic), and every head's Q there (E, B)."""
         K, B, m = cands.shape
-        s = state.expand(K, *state.shape).reshape(K * B, -1)
-        a = compose_action(base.expand(K, *base.shape).reshape(K * B, m), cands.reshape(K * B, m),
-                           self.cfg.residual_scale)
-        q = (critic or self.critic)(s, a).mean(0).view(K, B)
-        return cands.gather(0, q.argmax(0).view(1, B, 1).expand(1, B, m))[0]
+        q = (critic or self.critic).candidates(state, compose_action(base, cands, self.cfg.residual_scale))
+        best = q.mean(0).argmax(0)  # (B,)
+        return cands.gather(0, best.view(1, B, 1).expand(1, B, m))[0], q.gather(1, best.view(1, 1, B).expand(
+            q.shape[0], 1, B))[:, 0]
 
     def begin_episode(self) -> None:
         """Restarts the exploration process (its correlation never spans two episodes)."""
@@ -150,12 +158,21 @@ class ResidualLearner:
         s = torch.as_tensor(state, dtype=torch.float32, device=self.device)[None]
         r = self.actor(s)
         # an untrained critic (no update yet, even with no warm-up) does not choose: pi(s) acts
-        if cfg.gate_candidates > 1 and self.updates >= max(1, cfg.critic_warmup_updates):
+        if self.gating and cfg.gate_candidates > 1 and self.updates >= max(1, cfg.critic_warmup_updates):
+            # without exploration the perturbations are seeded by the state: the gated policy is then
+            # a function of the state (an evaluated episode replays, as its video does) and an
+            # evaluation draws nothing from the training stream (its cadence changes no training)
+            generator = self.generator if explore else self._state_seeded(state)
             r = self.best_candidate(s, torch.as_tensor(base, dtype=torch.float32, device=self.device)[None],
-                                    self.candidates(r, cfg.gate_candidates, cfg.gate_std))
+                                    self.candidates(r, cfg.gate_candidates, cfg.gate_std, generator))[0]
         if explore:
             r = r + cfg.exploration_std * self.exploration_noise(r.shape).to(self.device)
         return compose_action(np.asarray(base, np.float32), r[0].clamp(-1.0, 1.0).cpu().numpy(), cfg.residual_scale)
+
+    def _state_seeded(self, state: np.ndarray) -> torch.Generator:
+        """A generator seeded by the state's bytes (CRC-32): the same state, the same draws."""
+        self._acting_generator.manual_seed(zlib.crc32(np.ascontiguousarray(state, np.float32).tobytes()))
+        return self._acting_generator
 
     @torch.no_grad()
     def q_value(self, state: np.ndarray, action: np.ndarray) -> np.ndarray:
@@ -174,12 +191,15 @@ class ResidualLearner:
             noise = torch.randn(b["next_base"].shape, generator=self.generator).to(self.device) * cfg.target_noise
             r_next = (self.actor_target(b["next_state"])
                       + noise.clamp(-cfg.target_noise_clip, cfg.target_noise_clip)).clamp(-1, 1)
+            q_next = None
             if cfg.backup_candidates > 1:  # max-Q backup (EXPO / PLD): what a value-gated actor does
-                r_next = self.best_candidate(b["next_state"], b["next_base"],
-                                             self.candidates(r_next, cfg.backup_candidates, cfg.gate_std),
-                                             self.critic_target)
+                r_next, q_next = self.best_candidate(b["next_state"], b["next_base"],
+                                                     self.candidates(r_next, cfg.backup_candidates, cfg.gate_std),
+                                                     self.critic_target)
             heads = torch.randperm(cfg.critic_heads, generator=self.generator)[: cfg.critic_subset]
-            q_next = self.critic_target(b["next_state"], compose_action(b["next_base"], r_next, scale), heads)
+            # the chosen candidate's heads were scored already while choosing: reuse them
+            q_next = (self.critic_target(b["next_state"], compose_action(b["next_base"], r_next, scale), heads)
+                      if q_next is None else q_next[heads])
             # returns live in [q_min, q_max]: clipping keeps an extrapolating head from inflating all
             target = (b["ret"] + b["discount"] * q_next.min(dim=0).values).clamp(cfg.q_min, cfg.q_max)
         q = self.critic(b["state"], b["action"])  # (E, B)
@@ -306,7 +326,7 @@ class ResidualLearner:
         if cfg.q_weight > 0:
             with torch.no_grad():
                 cands = torch.cat([self.candidates(r.detach(), cfg.gate_candidates, cfg.gate_std), r_data[None]])
-                target = self.best_candidate(b["state"], b["base"], cands)
+                target = self.best_candidate(b["state"], b["base"], cands)[0]
             weight = torch.ones_like(b["is_anchor"])
         else:
             target, weight = r_data, b["is_anchor"]
@@ -389,10 +409,12 @@ class ResidualLearner:
 
     def revert_to_start(self) -> None:
         """Back to the actor RL started from (``actor_start``), its target with it, and a fresh
-        actor optimiser; the critic keeps what it learned."""
+        actor optimiser; the critic keeps what it learned, and acting is ungated again: the start
+        is deployed as it acted when RL began and as the guards judged it."""
         for net in (self.actor, self.actor_target):
             net.load_state_dict(self.actor_start.state_dict())
         self.actor_opt = FlatAdam(self.actor_flat, lr=self.cfg.actor_lr)
+        self.gating = False
 
     def reset_actor(self) -> None:
         """Back to the initial actor (exactly zero residual: the base acts), its target and the

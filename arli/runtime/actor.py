@@ -15,7 +15,7 @@ import numpy as np
 
 from arli.augment import StateBuilder
 from arli.chunking import ChunkingConfig, make_scheduler
-from arli.policies.residual_np import ResidualActing
+from arli.policies.residual_np import CRITIC_PREFIX, ResidualActing
 from arli.rl.config import LearnerConfig
 from arli.rl.transitions import RowLayout, TransitionBuilder
 from arli.runtime.acting import ResidualController
@@ -61,19 +61,20 @@ class RemoteResidualController(ResidualController):
         new = self.link.take_weights()
         if new is not None:
             version, arrays, meta = new
-            self.policy.actor.load(arrays)
+            actor, critic = split_weights(arrays)
+            self.policy.load(actor, critic, meta.get("updates"))
             self.version, self.done = version, self.done or bool(meta.get("done", False))
         self.done = self.done or self.link.learner_done
 
     def warm(self) -> None:
         """Before the tick, off the step's critical path: new weights in, the next exploration
-        noise drawn, and the last step's state build and forward pass repeated. After a
-        period of sleep the code and weights are out of the caches; measured on this
-        machine, a cold forward pass takes about 3x a warm one."""
+        noise drawn, and the last step's state build and forward passes (the critic's too where
+        it gates) repeated. After a period of sleep the code and weights are out of the caches;
+        measured on this machine, a cold forward pass takes about 3x a warm one."""
         self.swap_weights()
         self.policy.prepare()
         if self._last is not None:
-            self.policy.actor(self.builder.build(*self._last))
+            self.policy.warm(self.builder.build(*self._last))
 
     def act(self, t: int, obs: Observation, info: StepInfo) -> np.ndarray:
         self.swap_weights()
@@ -95,10 +96,17 @@ def residual_from_weights(arrays: dict, meta: dict, obs_dim: int, action_dim: in
                          f"{builder.dim}: actor and learner run different tasks or variants")
     known = set(LearnerConfig.__dataclass_fields__)
     cfg = LearnerConfig(**{k: v for k, v in meta["learner"].items() if k in known})
-    if cfg.gate_candidates > 1:
-        raise ValueError("value gating (learner.gate_candidates > 1) needs the critic on the robot; "
-                         "the distributed actor runs the actor network only")
-    return ResidualActing(cfg, arrays, action_dim, seed), builder
+    actor, critic = split_weights(arrays)
+    policy = ResidualActing(cfg, actor, action_dim, seed, critic=critic)
+    policy.updates = int(meta.get("updates", 0))
+    return policy, builder
+
+
+def split_weights(arrays: dict) -> tuple[dict, dict | None]:
+    """A weights message's arrays -> (the actor's, the critic's or None): the learner sends the
+    critic's (``CRITIC_PREFIX``) where it gates by value."""
+    critic = {k[len(CRITIC_PREFIX):]: v for k, v in arrays.items() if k.startswith(CRITIC_PREFIX)}
+    return {k: v for k, v in arrays.items() if not k.startswith(CRITIC_PREFIX)}, critic or None
 
 
 @dataclass

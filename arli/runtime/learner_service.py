@@ -29,6 +29,7 @@ from typing import Callable
 import numpy as np
 import zmq
 
+from arli.policies.residual_np import CRITIC_PREFIX
 from arli.rl.trainer import Trainer
 from arli.transport.codec import ProtocolError, decode, encode, error_frame
 from arli.transport.zmq_io import CurveConfig, bind_socket, stop_auth
@@ -181,6 +182,8 @@ class LearnerService:
         self.version += 1
         learner = self.trainer.learner
         arrays = {k: v.detach().cpu().numpy() for k, v in learner.actor.state_dict().items()}
+        if learner.cfg.gate_candidates > 1:  # a value-gated actor acts through the critic too
+            arrays.update({CRITIC_PREFIX + k: v.detach().cpu().numpy() for k, v in learner.critic.state_dict().items()})
         arrays.update(self.norm)
         meta = {**self.weights_meta, "done": done, "env_steps": self.env_steps, "updates": learner.updates}
         self.pub.send(encode("weights", version=self.version, arrays=arrays, meta=meta))
