@@ -566,7 +566,8 @@ class BenchDiagnosticsConfig:
 
     runs: list[str] = field(default_factory=list)  # run directories, or glob patterns ('reports/**/summary.json')
     # learner statistics from each summary's learner_diagnostics, the first one plotted
-    keys: list[str] = field(default_factory=lambda: ["awr_weight_ess", "advantage_snr", "critic_loss"])
+    # (the defaults: recorded by every learner; AWR's weight ESS and advantage SNR only by awr runs)
+    keys: list[str] = field(default_factory=lambda: ["critic_loss", "q_mean"])
     # fields of DIAGNOSTICS_GROUP_FIELDS; learner is `default`, a named control, or the learner
     # settings that differ from today's default; budget is run.env_steps; base the base_digest
     group_by: list[str] = field(default_factory=lambda: ["variant", "learner", "budget"])

@@ -200,12 +200,14 @@ class Finetuner:
         if before and not before["reverted"] and before["episodes"] == n:  # the start as it acts now
             start = round(before["start"] * n)
         else:
-            kept = copy.deepcopy(self.learner.actor.state_dict())
+            kept, gating = copy.deepcopy(self.learner.actor.state_dict()), self.learner.gating
             self.learner.actor.load_state_dict(self.learner.actor_start.state_dict())
             self.learner.gating = False  # the start acts alone, as it did when RL began
-            start = self._tune_successes(first)
-            self.learner.actor.load_state_dict(kept)
-            self.learner.gating = True
+            try:
+                start = self._tune_successes(first)
+            finally:
+                self.learner.actor.load_state_dict(kept)
+                self.learner.gating = gating
         reverted = trained < start
         if reverted:
             self.learner.revert_to_start()

@@ -356,3 +356,31 @@ def test_the_actors_recorder_takes_every_sim_camera(tmp_path):
         assert tuple(feats[f"observation.images.{cam}"]["shape"]) == (32, 32, 3)
     assert set(wrapped._cameras) == {"front", "wrist"}
     recording.close()
+
+
+def test_record_acts_with_the_residual_as_its_run_trained_it(tmp_path, monkeypatch, capsys):
+    """`arli record residual=<run>/checkpoint` takes the run's variant and learner from its
+    config.yaml (a `+recipe=awr` run acts ungated although today's default gates), and where the
+    run's end guard deployed the start, records that start."""
+    from arli import runs
+    from arli.cli import main
+
+    run = tmp_path / "run"
+    assert main(["finetune", "env=pick_cube", "checkpoint=expert", "delay_steps=4", "run.env_steps=300",
+                 "run.eval_every=300", "run.eval_episodes=2", "run.guard_episodes=2", "run.test_episodes=2",
+                 "run.anchor_episodes=2", "run.learn_after=100", "run.learner.hidden=32",
+                 "run.learner.critic_hidden=32", "run.learner.pretrain_updates=20", "+recipe=awr",
+                 "run.variant=arli_no_midobs", "videos=0", f"output_dir={run}"]) == 0
+    built = []
+    make = runs.make_finetuner
+    monkeypatch.setattr(runs, "make_finetuner", lambda cfg, **kw: built.append(cfg) or make(cfg, **kw))
+    summary = json.loads((run / "summary.json").read_text())
+    summary["deployed_actor"] = "actor_start"  # as a run whose end guard dropped the trained residual
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert main(["record", "env=pick_cube", "checkpoint=expert", "delay_steps=4", "episodes=1",
+                 f"root={tmp_path / 'rec'}", f"residual={run / 'checkpoint'}"]) == 0
+    (cfg,) = built
+    assert cfg.run.variant == "arli_no_midobs" and cfg.run.learner.gate_candidates == 0
+    assert cfg.run.learner.actor_update == "awr" and cfg.run.learner.hidden == 32
+    out = capsys.readouterr().out
+    assert f"variant and learner from {run}/config.yaml" in out and "deployed its start" in out

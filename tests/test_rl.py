@@ -171,6 +171,27 @@ def test_gated_acting_without_exploration_is_a_function_of_the_state():
     assert (np.abs(first - pi).max(1) > 1e-6).sum() > 5  # the critic overrules pi on many states
 
 
+def test_a_reverted_start_acts_ungated_and_a_loaded_learner_gated_again():
+    """The end guard's deployed start acts alone (as it was judged before RL), even with a
+    trained critic; a learner loaded from a checkpoint acts gated again."""
+    cfg = LearnerConfig(gate_candidates=8, gate_std=0.5, critic_warmup_updates=0, critic_hidden=32, hidden=32)
+    learner = ResidualLearner(cfg, D, M, seed=0)
+    torch.nn.init.normal_(learner.actor.net[-1].weight, std=0.5)
+    learner.actor_start.load_state_dict(learner.actor.state_dict())
+    learner.updates = 1
+    g = np.random.default_rng(1)
+    states, bases = g.normal(size=(20, D)).astype(np.float32), g.uniform(-1, 1, (20, M)).astype(np.float32)
+    pi = compose_action(torch.as_tensor(bases), learner.actor_start(torch.as_tensor(states)).detach(), 0.3).numpy()
+    gated = np.stack([learner.act(s, b, explore=False) for s, b in zip(states, bases)])
+    assert (np.abs(gated - pi).max(1) > 1e-6).any()  # the critic overrules the actor somewhere
+    saved = learner.state_dict()
+    learner.revert_to_start()
+    alone = np.stack([learner.act(s, b, explore=False) for s, b in zip(states, bases)])
+    np.testing.assert_allclose(alone, pi, atol=1e-6)
+    learner.load_state_dict(saved)
+    np.testing.assert_array_equal(np.stack([learner.act(s, b, explore=False) for s, b in zip(states, bases)]), gated)
+
+
 def _exploration_episodes(acting, episodes: int, length: int) -> np.ndarray:
     """Executed actions (episodes, length, M) of an acting object whose residual is zero
     (base 0, residual scale 1: the action is the exploration noise itself)."""

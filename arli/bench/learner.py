@@ -1,10 +1,11 @@
-"""``arli bench learner``: updates/s of the default residual learner vs a straightforward
-CleanRL-style PyTorch implementation of the same update, measured in the same run.
+"""``arli bench learner``: updates/s of the residual learner (its AWR update without value gating,
+`+recipe=awr`) vs a straightforward CleanRL-style PyTorch implementation of the same update,
+measured in the same run, and the gated default's updates/s beside them.
 
 Both do, per update: sample a 50/50 online/anchor batch, one TD step on an E-head LayerNorm
 critic (target = min over a random pair of target heads at the smoothed target action,
-clipped to the return range), and every ``policy_delay``-th update an actor step (the
-default ``awr``: advantage-weighted regression onto the rows' actions) and Polyak averaging. Shapes are the defaults for the default
+clipped to the return range), and every ``policy_delay``-th update an actor step (``awr``:
+advantage-weighted regression onto the rows' actions) and Polyak averaging. Shapes are the defaults for the default
 task (``arli`` state of peg_insert, m = 5). The reference keeps E separate ``nn.Sequential``
 critics looped in Python, evaluates every target head, and averages targets parameter by
 parameter — what one writes first.
@@ -83,7 +84,7 @@ class ReferenceLearner:
         self.updates += 1
         if self.updates % cfg.policy_delay:
             return
-        r = self.actor(b["state"])  # AWR actor step, as the default learner's
+        r = self.actor(b["state"])  # AWR actor step, as the learner's under `+recipe=awr`
         r_data = ((b["action"] - b["base"]) / cfg.residual_scale).clamp(-1, 1)
         with torch.no_grad():
             value = self.q_all(self.critics, b["state"], compose_action(b["base"], r, cfg.residual_scale)).mean(0)

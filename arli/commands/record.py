@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from dataclasses import replace
 
 import numpy as np
 from tqdm import tqdm
@@ -39,7 +40,8 @@ def _intervention(cfg: RecordConfig, expert):
 
 
 def main(cfg: RecordConfig) -> int:
-    from arli.runs import make_finetuner  # noqa: PLC0415
+    from arli.commands.eval import deployed_actor  # noqa: PLC0415
+    from arli.runs import load_run_config, make_finetuner  # noqa: PLC0415
     from arli.record import EpisodeRecorder  # noqa: PLC0415
     from arli.runtime.acting import ResidualController  # noqa: PLC0415
     from arli.rl.config import TRAIN_SEED_BASE  # noqa: PLC0415
@@ -50,6 +52,13 @@ def main(cfg: RecordConfig) -> int:
     if os.path.exists(cfg.root) and os.listdir(cfg.root) and not cfg.append:
         raise ConfigError(f"root: {cfg.root} already holds a dataset; pass append=true to append "
                           "episodes to it, or choose another root")
+    run_dir = os.path.dirname(os.path.normpath(cfg.residual)) if cfg.residual else ""
+    if run_dir and os.path.exists(os.path.join(run_dir, "config.yaml")):
+        # the residual acts as its run trained it (its learner: gated or not, its variant), not as
+        # this command's defaults would
+        saved = load_run_config(run_dir).run
+        cfg = replace(cfg, run=replace(cfg.run, learner=saved.learner, variant=saved.variant))
+        print(f"arli record: the residual's variant and learner from {run_dir}/config.yaml")
     ft, name, delay = make_finetuner(cfg, render=True)  # every camera of env.cameras, if env.image_size > 0
     if cfg.residual:
         try:
@@ -57,6 +66,9 @@ def main(cfg: RecordConfig) -> int:
         except (FileNotFoundError, ValueError, RuntimeError, KeyError) as exc:
             raise ConfigError(f"residual: cannot load {cfg.residual}: {exc} (pass the same run.variant / run.learner "
                               "overrides as the finetune run that wrote it)") from None
+        if run_dir and deployed_actor(run_dir) == "actor_start":  # its end guard deployed the start
+            ft.learner.revert_to_start()
+            print("arli record: the run's end guard deployed its start: recording that residual")
     env = ft.env.unwrapped
     size = cfg.env.image_size
     cameras = {name: (size, size) for name in cfg.env.cameras} if size else {}

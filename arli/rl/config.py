@@ -53,7 +53,8 @@ class LearnerConfig:
     # "dpg": deterministic policy gradient + Q-filtered BC (TD3+BC-style).
     actor_update: str = "select"
     # value gating when acting (EXPO / PLD): execute the highest-Q of {pi, base, gate_candidates - 2
-    # perturbations of pi (std gate_std on r)}; 0 or 1 = execute pi. The robot's actor gates too
+    # perturbations of pi (std gate_std on r)}; 0 or 1 = execute pi (with an update other than
+    # select, which needs the candidates: `+recipe=awr` turns gating off). The robot's actor gates too
     # (the learner publishes the critic with the actor). On by default with the max-Q backup:
     # chosen on tune seeds (reports/tune_d8_50k_86ed35.md, 0.97 against 0.82) and confirmed on
     # fresh training seeds and the test episodes (reports/confirm_d8_50k_expo.md, +0.112

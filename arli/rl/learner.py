@@ -447,3 +447,4 @@ class ResidualLearner:
             getattr(self, name).load_state_dict(state[name])
         self.generator.set_state(state["generator"])
         self.updates = int(state["updates"])
+        self.gating = True  # the trained learner acts gated; ``revert_to_start`` deploys its start ungated
