@@ -414,13 +414,14 @@ def test_a_new_setting_is_evaluated_beside_settings_pooled_from_reports_and_chos
         os.remove(os.path.join(ref[s], "checkpoint", "trainer_state.pt"))
     new = [_fake_run(tmp_path / f"new{s}", f"run.seed={s}", "run.learner.anchor_weight=0.2", learner=150.0 + s)
            for s in (0, 1)]
-    fake = FakeEval({"new0": BETTER, "new1": BETTER}, base=[0] * N)  # its base must not be used
+    fake = FakeEval({"new0": BETTER, "new1": BETTER})  # the same base alone as in the reports
     reports = ",".join(str(tmp_path / "r" / f"s{s}.json") for s in (0, 1))
     cfg = compose("bench_tune", [f"runs=[{ref[0]},{ref[1]},{new[0]},{new[1]}]", "name=mixed", f"episodes={N}",
                                  "margin=-0.05", "prefer=cost", f"report_dir={tmp_path / 'r'}",
                                  f"outcomes_from=[{reports}]"])
     assert main(cfg, evaluate=fake) == 0
-    assert [c[0] for c in fake.calls] == ["new0", "new1"] and all(not c[3] for c in fake.calls)
+    # the base alone evaluated once, beside the first new run, and checked against the reports'
+    assert [(c[0], c[3]) for c in fake.calls] == [("new0", True), ("new1", False)]
     report = json.loads((tmp_path / "r" / "mixed.json").read_text())
     assert report["base"]["outcomes"] == BASE and report["rule"] == {"margin": -0.05, "prefer": "cost"}
     reference, newer = report["runs"]
@@ -430,3 +431,7 @@ def test_a_new_setting_is_evaluated_beside_settings_pooled_from_reports_and_chos
     md = (tmp_path / "r" / "mixed.md").read_text()
     assert "runs in none of them were evaluated here against that base alone: `new0`, `new1`" in md
     assert "| learner s (mean) |" in md and "least mean learner-update time" in md
+    # a base alone that acts otherwise here (another machine or base) cannot pair with the reports' outcomes
+    with pytest.raises(ConfigError, match=r"outcomes_from: the base alone succeeds on other episodes here than in "
+                                          r".*s0.json \(40 of 40 differ"):
+        main(cfg, evaluate=FakeEval({"new0": BETTER, "new1": BETTER}, base=[1 - v for v in BASE]))

@@ -203,10 +203,12 @@ def reported_outcomes(paths: list[str], seed_base: int, episodes: int, fallback:
     the same env steps, wall time and training seed as its summary.json and config, the same task
     and delay. Every report must be on these episodes with the same base-alone outcomes (one base,
     on one machine); a run in two reports, with the same outcomes in both. A run in none of them
-    is evaluated by ``fallback`` where it has a checkpoint (the reports' base alone is its
-    baseline), so a new setting joins settings judged before."""
+    is evaluated by ``fallback`` where it has a checkpoint, the base alone with the first such
+    run: it must succeed on the same episodes as in the reports (the same base, acting alike
+    here), which then are every run's baseline, so a new setting joins settings judged before."""
     rows: dict[str, tuple[dict, dict, str]] = {}
     base: list[int] | None = None
+    base_checked: list[bool] = []  # the base alone evaluated here once, beside the first evaluated run
     first = ""
     for path in paths:
         try:
@@ -243,7 +245,15 @@ def reported_outcomes(paths: list[str], seed_base: int, episodes: int, fallback:
                 raise ConfigError(f"runs: {run_dir} has no row in outcomes_from (their runs: {', '.join(sorted(rows))})"
                                   " and no checkpoint to evaluate it (checkpoint/trainer_state.pt); pass the report "
                                   "that judged it, or the run's full output directory")
-            out = fallback(run_dir, run_cfg, seed_base, episodes, False)
+            out = fallback(run_dir, run_cfg, seed_base, episodes, not base_checked)
+            if not base_checked:
+                here = [int(x) for x in out["base"]]
+                if here != list(base):
+                    differ = sum(a != b for a, b in zip(here, base))
+                    raise ConfigError(f"outcomes_from: the base alone succeeds on other episodes here than in {first} "
+                                      f"({differ} of {len(base)} differ: another base, machine or code); evaluate "
+                                      "every run here instead (no outcomes_from)")
+                base_checked.append(True)
             return {**out, "base": base if with_base else None, "evaluated": True}
         from sim_envs.registry import task_name  # noqa: PLC0415
 
