@@ -39,11 +39,11 @@ __all__ = ["ConfigError", "SCHEMAS", "register_configs"]
 
 BASE_CHECKPOINT = "checkpoints/base_${env.name}"  # the base policy; only this default is trained on demand
 MAIN_JOB_DELAY_STEPS = 8  # `make demo`: where learning from reward shows on this budget
-# the main job's online budget, and the headline sweep's per cell: on the tune curves of the six
-# d = 8 200k runs (reports/confirm_d8_200k*/) the gain over the start is +0.14 on average at 50k
-# and +0.16 at 100k, and the lowest seed's -0.10 at 50k and +0.03 at 100k: one seed (`make demo`)
-# needs the longer budget
-MAIN_JOB_ENV_STEPS = 100_000
+# the main job's online budget, and the headline sweep's per cell: the value-gated default's three
+# d = 8 tune runs (training seeds 0-2, reports/tune_d8_50k_86ed35/expo_s*/) each end +0.17 to +0.25
+# above their start on their end guard's 200 tune episodes at 50k (the former default needed 100k for its lowest
+# seed: reports/confirm_d8_200k*/); 50k keeps `make demo` near half an hour on a 2-core machine
+MAIN_JOB_ENV_STEPS = 50_000
 ACTOR_PLANNED_DELAY_STEPS = 4  # a robot's first plan, before it has measured replies
 
 
@@ -172,7 +172,7 @@ class FinetuneConfig(SimBase):
     """``arli finetune``: ARLI residual RL on top of the base policy under simulated latency."""
 
     latency: LatencyConfig = field(default_factory=LatencyConfig)
-    # the main job (`make demo`): d = 8 and 100k online steps, where learning from reward shows
+    # the main job (`make demo`): d = 8 and 50k online steps, where learning from reward shows
     # on this budget (at d = 4 the anchor-pretrained start is already 0.88-0.94 and the online
     # phase holds it, reports/learner_tuning.md)
     run: RunSpec = field(default_factory=lambda: RunSpec(env_steps=MAIN_JOB_ENV_STEPS))

@@ -425,7 +425,7 @@ def test_the_report_writes_every_required_field(tmp_path):
     assert ls.main(cfg) == 0
     report = json.loads((tmp_path / "latency_sweep_test.json").read_text())
     assert set(report) >= {"env", "regime", "budget", "eval", "cells", "ceiling", "verdicts", "missing"}
-    assert report["env"] == "peg_insert" and report["regime"] == "rl" and report["budget"] == cfg.budget == 100_000
+    assert report["env"] == "peg_insert" and report["regime"] == "rl" and report["budget"] == cfg.budget == 50_000
     assert report["eval"] == {"split": "test", "seed_base": 5_000_000, "episodes": 100}
     # 100 test episodes and 2 training seeds: the report says it is below the protocol, naming both
     assert report["protocol"]["met"] is False and report["protocol"]["training_seeds"] == 2
@@ -462,7 +462,7 @@ def test_the_report_writes_every_required_field(tmp_path):
     md = (tmp_path / "latency_sweep_test.md").read_text()
     assert "| arli | 4 | [0, 1] | 1.000 [" in md and "**ceiling**" in md
     assert "![latency sweep](latency_sweep_test.png)" in md
-    assert "arli bench latency-sweep env=peg_insert budget=100000" in md and "name=latency_sweep_test" in md
+    assert "arli bench latency-sweep env=peg_insert budget=50000" in md and "name=latency_sweep_test" in md
     assert "does NOT hold" not in md and "not evaluated" in md  # the one missing cell
     assert (tmp_path / "latency_sweep_test.png").stat().st_size > 1000
 
@@ -560,7 +560,7 @@ def test_report_command_names_every_non_default_setting_it_needs_to_reproduce():
 
     plain = compose("bench_latency_sweep", ["env=peg_insert"])
     assert non_default_settings(plain) == []
-    assert command(plain) == ("arli bench latency-sweep env=peg_insert budget=100000 'seeds=[10, 11, 12]' "
+    assert command(plain) == ("arli bench latency-sweep env=peg_insert budget=50000 'seeds=[10, 11, 12]' "
                               "'delay_steps=[0, 4, 8]' eval_episodes=200")
     cfg = compose("bench_latency_sweep", ["env=peg_insert", "checkpoint=checkpoints/base_peg_insert_seeded",
                                           "run.learner.start_weight=1.0", "variants=[arli,anchor_only]"])
@@ -754,7 +754,7 @@ def _finetune_run(root, name, *overrides, final=95, start=85, base=30, digest="e
 
     from sim_envs import task_name
 
-    cfg = compose("finetune", ["checkpoint=expert", "delay_steps=4", f"run.seed={seed}", "run.env_steps=100000",
+    cfg = compose("finetune", ["checkpoint=expert", "delay_steps=4", f"run.seed={seed}", "run.env_steps=50000",
                                f"run.test_episodes={episodes}", *overrides])
     d = root / name
     d.mkdir(parents=True)
@@ -764,7 +764,7 @@ def _finetune_run(root, name, *overrides, final=95, start=85, base=30, digest="e
     split = {"split": "test", "seed_base": 5_000_000, "episodes": episodes}
     (d / "eval_test.json").write_text(json.dumps({"split": split, "outcomes": outcomes,
                                                   "success": {k: sum(v) / episodes for k, v in outcomes.items()}}))
-    history = [{"env_steps": x, "success": y} for x, y in ((0, 0.85), (25_010, 0.7), (50_020, 0.83), (100_000, 0.9))]
+    history = [{"env_steps": x, "success": y} for x, y in ((0, 0.85), (12_510, 0.7), (25_020, 0.83), (50_000, 0.9))]
     (d / "summary.json").write_text(json.dumps({
         "env": task_name(cfg.env.name), "variant": cfg.run.variant, "regime": cfg.run.regime,
         "strategy": cfg.chunking.strategy, "delay_steps": cfg.delay_steps, "eval": split,
@@ -812,7 +812,7 @@ def test_finished_runs_fill_their_cells_and_stay_in_their_directories(tmp_path, 
     assert uniform["success_mean"] == 0.86 and uniform["runs_unrecorded_seeds"] == []
     assert arli["runs_unrecorded_seeds"] == [0, 1]
     # steps to 80% at the sweep's points (quarters of the budget), not the run's step-0 point
-    assert arli["steps_to_80"] == 50_020
+    assert arli["steps_to_80"] == 25_020
     assert "runs_by_seed" not in cells[("base_naive", 4)]
     claims = {v["claim"]: v["holds"] for v in report["verdicts"]}
     assert claims["arli@4 >= bc_control@4 + 0.05 (paired CI of the difference)"] is True
@@ -837,8 +837,8 @@ def test_a_run_of_another_recipe_base_code_or_cell_is_refused_naming_what_differ
     assert "run.learner.actor_lr=0.001 (the sweep's: 3e-05)" in msg
     assert "env.dt=0.1 (the sweep's: 0.05)" in refused(_finetune_run(tmp_path, "dt", "env.dt=0.1"))
     assert "chunking.execute_horizon=6" in refused(_finetune_run(tmp_path, "h6", "chunking.execute_horizon=6"))
-    assert "ran 50000 env steps; the sweep's budget is 100000" in refused(
-        _finetune_run(tmp_path, "short", "run.env_steps=50000"))
+    assert "ran 20000 env steps; the sweep's budget is 50000" in refused(
+        _finetune_run(tmp_path, "short", "run.env_steps=20000"))
     assert "other test episodes" in refused(_finetune_run(tmp_path, "other_base", base=31))
     assert "finetuned base 0123456789ab" in refused(_finetune_run(tmp_path, "digest", digest="0123456789ab"))
     assert "not one of the sweep's seeds" in refused(_finetune_run(tmp_path, "seed7", seed=7))

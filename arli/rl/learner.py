@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from arli.compute import retain_freed_memory
 from arli.policies.residual import EnsembleCritic, ResidualActor, compose_action
 from arli.rl.config import LearnerConfig
 from arli.rl.flat_adam import FlatAdam, FlatParameters
@@ -84,6 +85,7 @@ class ResidualLearner:
         """``device``: where the networks and updates run (a resolved torch device). Every
         random draw stays on the CPU generator, so a seed means the same run on any device."""
         cfg.validate()
+        retain_freed_memory()  # per-update activations reuse heap pages (no page faults)
         torch.manual_seed(seed)
         self.cfg, self.state_dim, self.action_dim = cfg, state_dim, action_dim
         self.device = torch.device(device)
