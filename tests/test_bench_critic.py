@@ -536,3 +536,36 @@ def test_a_refit_learns_the_returns_of_its_replay_and_leaves_the_residual_alone(
     assert np.mean((q > 0.5) == (ret > 0.5)) > 0.9
     assert all(torch.equal(v, refit.actor.state_dict()[k]) for k, v in actor_before.items())
     assert refit.critic is not src.critic and refit.critic.inner.w1.shape == (D + m, 2, 24)  # the setting applied
+
+
+def test_the_residual_candidate_is_the_actors_proposal_not_the_value_gated_pick():
+    """A value-gated learner executes the critic's argmax over candidates that include the base:
+    judged as "the residual", that pick's Q would be >= the base's by construction. The ranked
+    residual is the actor's own r(s) (clipped with the base as executed), whatever the critic says."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from arli.bench.critic import _candidates
+    from arli.rl.config import LearnerConfig
+    from arli.rl.learner import ResidualLearner
+
+    D, m = 12, 3
+    cfg = LearnerConfig(critic_warmup_updates=0)
+    learner = ResidualLearner(cfg, D, m, seed=0)
+    torch.nn.init.normal_(learner.actor.net[-1].weight, std=1.0)  # a residual that moves
+    learner.updates = 1  # past the warm-up: acting is value-gated
+    ft = SimpleNamespace(learner=learner, expert=None, spec=SimpleNamespace(learner=cfg),
+                         env=SimpleNamespace(action_space=SimpleNamespace(shape=(m,))))
+    pick = _candidates(ft, perturbations=0, sigma=0.5, rng=np.random.default_rng(0))["residual"]
+    rng = np.random.default_rng(1)
+    overruled = 0
+    for _ in range(20):
+        s, b = rng.standard_normal(D).astype(np.float32), rng.uniform(-0.9, 0.9, m).astype(np.float32)
+        with torch.no_grad():
+            r = learner.actor(torch.as_tensor(s)[None])[0].numpy()
+        want = (np.clip(b + cfg.residual_scale * r, -1, 1) - b) / cfg.residual_scale
+        np.testing.assert_allclose(pick(s, b, None), want, atol=1e-6)
+        gated = (learner.act(s, b, explore=False) - b) / cfg.residual_scale
+        overruled += int(not np.allclose(gated, want, atol=1e-6))
+    assert overruled > 0  # the gated pick differs: the test tells the two apart

@@ -78,13 +78,23 @@ class FirstStepForced(StepController):
 
 
 def _candidates(ft, perturbations: int, sigma: float, rng: np.random.Generator) -> dict:
-    """Candidate rules name -> pick(s, b, obs) -> r (m,): the residual, the residual with one
-    draw of the run's own exploration noise (an action as training executed it), the base, the
-    expert projected into the bound, and fixed random moves of the residual (one draw per state)."""
+    """Candidate rules name -> pick(s, b, obs) -> r (m,): the residual (the actor's r(s), not a
+    value-gated choice), the residual with one draw of the run's own exploration noise (an
+    action as training executed it), the base, the expert projected into the bound, and fixed
+    random moves of the residual (one draw per state)."""
+    import torch  # noqa: PLC0415
+
+    from arli.policies.residual_np import compose_numpy  # noqa: PLC0415
+
     learner, scale = ft.learner, ft.spec.learner.residual_scale
 
     def policy(s, b, obs):
-        return (learner.act(s, b, explore=False) - b) / scale
+        # the actor's own proposal r(s), as executed (clipped into [-1, 1] with the base), never
+        # the value-gated pick: that is the critic's argmax over candidates that include the
+        # base, so its Q would be >= the base's by construction and flatter the ranking
+        with torch.no_grad():
+            r = learner.actor(torch.as_tensor(s, dtype=torch.float32, device=learner.device)[None])[0]
+        return (compose_numpy(b, r.cpu().numpy(), scale) - b) / scale
 
     m = ft.env.action_space.shape[0]
     explore = (rng.standard_normal(m) * ft.spec.learner.exploration_std).astype(np.float32)
