@@ -230,8 +230,11 @@ class EvalConfig:
     run: str = ""  # the `arli finetune` output directory (config.yaml + checkpoint/)
     seed_base: int | None = None  # first episode seed; null = the run's test seeds
     episodes: int | None = None  # null = the run's test episodes
-    output: str = ""  # "" = <run>/eval_<seed_base>_<episodes>.json
+    output: str = ""  # "" = <run>/eval_<seed_base>_<episodes>.json (gating=false: ..._ungated.json)
     videos: int = 0  # also render this many of the run's test seeds -> <run>/videos/
+    # false: the actor's own r(s) acts, without value gating (what the actor has learned apart
+    # from the critic's per-step choice); the default evaluates the residual as it was deployed
+    gating: bool = True
 
     def validate(self) -> None:
         require(self.seed_base is None or self.seed_base >= 0, "seed_base", "null or >= 0", self.seed_base)

@@ -212,6 +212,14 @@ def test_finetune_entry_point_writes_a_consistent_run(tmp_path):
     redo = json.loads((out / "eval_5000000_3.json").read_text())
     assert redo["split"]["split"] == "test" and redo["outcomes"]["final"] == report["outcomes"]["final"]
     assert redo["outcomes"]["base"] == report["outcomes"]["base"]
+    assert redo["gating"] is (not guard["reverted"])  # a deployed start acts ungated, as it was judged
+    # gating=false: the actor's own r(s) alone, in a file of its own (the gated one kept)
+    alone = subprocess.run([sys.executable, "-m", "arli.cli", "eval", f"run={out}", "episodes=3", "gating=false"],
+                           capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    ungated = json.loads((out / "eval_5000000_3_ungated.json").read_text())
+    assert ungated["gating"] is False and ungated["outcomes"]["base"] == redo["outcomes"]["base"]
+    assert json.loads((out / "eval_5000000_3.json").read_text()) == redo
     tune = subprocess.run([sys.executable, "-m", "arli.cli", "eval", f"run={out}", "seed_base=10000", "episodes=2",
                            "videos=1"], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})

@@ -34,6 +34,9 @@ def main(cfg: EvalConfig) -> int:
     if deployed_actor(cfg.run) == "actor_start":  # the end guard dropped the trained residual
         ft.learner.revert_to_start()
         print("the run's end guard deployed its start: evaluating that residual (the checkpoint's actor_start)")
+    if not cfg.gating:
+        ft.learner.gating = False
+        print("gating=false: the actor's own r(s) acts, without value gating")
     spec = run_cfg.run
     seed_base = spec.test_seed if cfg.seed_base is None else cfg.seed_base
     episodes = spec.test_episodes if cfg.episodes is None else cfg.episodes
@@ -44,7 +47,7 @@ def main(cfg: EvalConfig) -> int:
     final = ft.evaluate(episodes, seed_base)
     base = ft.evaluate(episodes, seed_base, residual=False)
     report = test_report(spec, split, {"base": base["outcomes"], "final": final["outcomes"]})
-    report.update(env=name, variant=spec.variant, delay_steps=delay, env_steps=ft.env_steps)
+    report.update(env=name, variant=spec.variant, delay_steps=delay, env_steps=ft.env_steps, gating=ft.learner.gating)
     writer = None
     if cfg.videos:
         from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
@@ -55,7 +58,7 @@ def main(cfg: EvalConfig) -> int:
     finally:
         if writer is not None:
             writer.close()
-    out = cfg.output or os.path.join(cfg.run, f"eval_{seed_base}_{episodes}.json")
+    out = cfg.output or os.path.join(cfg.run, f"eval_{seed_base}_{episodes}{'' if cfg.gating else '_ungated'}.json")
     with open(out, "w", encoding="utf-8") as fh:
         json.dump(report, fh, indent=1)
     ci, gain = report["ci95"], report["gains"]["final-base"]
