@@ -44,6 +44,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                       "residual learner updates/s vs a CleanRL-style reference, same run"),
     "bench critic": ("bench_critic", "arli.bench.critic:main",
                      "does a run's critic rank actions? Monte-Carlo Q of candidates from sim state copies"),
+    "bench drift": ("bench_drift", "arli.bench.drift:main",
+                    "where the select update takes the actor with a run's critic frozen, and how it then succeeds"),
     "bench serve": ("bench_serve", "arli.bench.serve:main",
                     "inference server under 1/2/4 robots: chunks/s and latency, batched vs one at a time"),
     "bench transport": ("bench_transport", "arli.bench.transport:main",

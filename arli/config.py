@@ -883,6 +883,27 @@ class BenchInterventionsConfig:
         _positive(self, "window")
 
 
+@dataclass
+class BenchDriftConfig:
+    """``arli bench drift``: where the select update takes the actor with the run's critic frozen."""
+
+    run: str = ""  # an `arli finetune` output directory (with checkpoint/): e.g. one saved at the critic's warm-up
+    updates: int = 150  # actor steps per setting
+    episodes: int = 30  # the actor alone, before and after: seeds seed_base ..
+    seed_base: int | None = None  # null = the run's tune seeds (its test seeds: refused)
+    # learner settings to compare, each "key=value[,key=value]" over the run's own ("" = the run's)
+    settings: list[str] = field(default_factory=lambda: [""])
+    seed: int = 0  # the replay batches' and candidates' draws
+    name: str = ""  # the report: <report_dir>/<name>.*; "" = drift
+    json: bool = False
+    report_dir: str = "reports"
+
+    def validate(self) -> None:
+        require(len(self.settings) >= 1, "settings", "a non-empty list (\"\" = the run's own)", self.settings)
+        require(self.seed_base is None or self.seed_base >= 0, "seed_base", "null or >= 0", self.seed_base)
+        _positive(self, "updates", "episodes")
+
+
 # command config name (configs/<name>.yaml) -> schema
 SCHEMAS: dict[str, type] = {
     "rollout": RolloutConfig, "collect_demos": CollectDemosConfig, "pretrain": PretrainConfig,
@@ -892,7 +913,7 @@ SCHEMAS: dict[str, type] = {
     "bench_anchor_start": BenchAnchorStartConfig, "bench_ceiling": BenchCeilingConfig,
     "bench_runs": BenchRunsConfig, "bench_diagnostics": BenchDiagnosticsConfig, "bench_tune": BenchTuneConfig, "bench_learner": BenchLearnerConfig,
     "bench_serve": BenchServeConfig,
-    "bench_critic": BenchCriticConfig,
+    "bench_critic": BenchCriticConfig, "bench_drift": BenchDriftConfig,
     "bench_sim": BenchSimConfig, "bench_record": BenchRecordConfig, "bench_transport": BenchTransportConfig, "bench_runtime": BenchRuntimeConfig,
     "bench_pipeline": BenchPipelineConfig, "bench_interventions": BenchInterventionsConfig,
 }
