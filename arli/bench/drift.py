@@ -31,40 +31,52 @@ from arli.config import BenchDriftConfig, ConfigError
 
 PROBE_ROWS = 2048  # the fixed batch the actor's movement is measured on
 STAT_BATCHES = 4  # batches the critic's picks are summarised over
+# learner settings the select step reads at each update (others are fixed when the networks and
+# optimisers are built, or change what the actor is before the steps: refused)
+SETTINGS = ("start_weight", "gate_candidates", "gate_std", "anchor_weight", "anchor_decay_updates", "anchor_ratio",
+            "batch_size", "q_weight", "grad_clip")
 
 
 def parse_setting(entry: str) -> dict:
-    """``"start_weight=10,gate_std=0.05"`` -> {"start_weight": 10.0, "gate_std": 0.05}; "" -> {}.
-    Keys are ``LearnerConfig`` fields; values parsed as int, float, or kept as strings."""
+    """``"start_weight=10,gate_std=0.05"`` -> {"start_weight": 10, "gate_std": 0.05}; "" -> {}.
+    Keys from SETTINGS, numeric values; anything else is a ConfigError naming it."""
     out: dict = {}
     for part in filter(None, (p.strip() for p in entry.split(","))):
-        key, sep, value = part.partition("=")
+        key, sep, value = (x.strip() for x in part.partition("="))
         if not sep:
             raise ConfigError(f"settings: expected key=value[,key=value], got {entry!r}")
-        for cast in (int, float):
+        if key not in SETTINGS:
+            raise ConfigError(f"settings: {key!r} in {entry!r} is not a learner setting this bench varies; "
+                              f"expected one of {', '.join(SETTINGS)}")
+        try:
+            out[key] = int(value)
+        except ValueError:
             try:
-                out[key.strip()] = cast(value)
-                break
+                out[key] = float(value)
             except ValueError:
-                continue
-        else:
-            out[key.strip()] = value.strip()
+                raise ConfigError(f"settings: {key}={value!r} in {entry!r}: expected a number") from None
     return out
 
 
-def _load(run_dir: str, overrides: dict):
-    """A fresh finetuner from the run's checkpoint, its learner's settings overridden."""
+def check_setting(base, entry: str):
+    """The run's learner config with ``entry``'s overrides, validated; refused unless the
+    select update runs (actor_update=select, q_weight > 0)."""
+    cfg = dataclasses.replace(base, **parse_setting(entry))
+    cfg.validate()
+    if cfg.actor_update != "select" or cfg.q_weight <= 0:
+        raise ConfigError("arli bench drift measures the select update (actor_update=select, q_weight > 0); "
+                          f"{entry or 'the run'} has actor_update={cfg.actor_update}, q_weight={cfg.q_weight}")
+    return cfg
+
+
+def _load(run_dir: str, entry: str):
+    """A fresh finetuner from the run's checkpoint, its learner's settings overridden by ``entry``."""
     from arli.runs import load_run_config, make_finetuner  # noqa: PLC0415
 
     cfg = load_run_config(run_dir)
     ft, _, _ = make_finetuner(cfg)
     ft.load(os.path.join(run_dir, "checkpoint"))
-    ft.learner.cfg = dataclasses.replace(ft.learner.cfg, **overrides)
-    ft.learner.cfg.validate()
-    if ft.learner.cfg.actor_update != "select" or ft.learner.cfg.q_weight <= 0:
-        raise ConfigError("arli bench drift measures the select update (actor_update=select, q_weight > 0); "
-                          f"this setting has actor_update={ft.learner.cfg.actor_update}, "
-                          f"q_weight={ft.learner.cfg.q_weight}")
+    ft.learner.cfg = check_setting(ft.learner.cfg, entry)
     return cfg, ft
 
 
@@ -123,7 +135,7 @@ def measure(cfg: BenchDriftConfig, entry: str, seed_base: int, before: list[int]
     actor's movement and its success alone before (given, or measured) and after."""
     import torch  # noqa: PLC0415
 
-    _, ft = _load(cfg.run, parse_setting(entry))
+    _, ft = _load(cfg.run, entry)
     learner = ft.learner
     generator = torch.Generator().manual_seed(cfg.seed)
     if before is None:
@@ -184,13 +196,11 @@ def main(cfg: BenchDriftConfig) -> int:
     torch.set_num_threads(1)
     (run_cfg,) = run_configs([cfg.run])
     spec = run_cfg.run
-    from arli.rl.config import LearnerConfig  # noqa: PLC0415
-
-    fields = {f.name for f in dataclasses.fields(LearnerConfig)}
-    for entry in cfg.settings:  # a malformed entry or an unknown key is refused before any work
-        unknown = sorted(set(parse_setting(entry)) - fields)
-        if unknown:
-            raise ConfigError(f"settings: {unknown} in {entry!r} are not run.learner fields")
+    if not os.path.exists(os.path.join(cfg.run, "checkpoint", "trainer_state.pt")):
+        raise ConfigError(f"run: {cfg.run} has no checkpoint/trainer_state.pt (its config and summary alone are not "
+                          "enough: the bench loads the critic and the replay)")
+    for entry in cfg.settings:  # every setting checked before any work
+        check_setting(spec.learner, entry)
     seed_base = spec.tune_seed if cfg.seed_base is None else cfg.seed_base
     split = split_of(spec, seed_base, cfg.episodes, [])
     if split.startswith("test"):
@@ -204,6 +214,7 @@ def main(cfg: BenchDriftConfig) -> int:
             before = rows[-1]["before"]  # the same checkpoint's actor: evaluated once
     name = cfg.name or "drift"
     command = ("arli bench drift run=" + cfg.run + f" updates={cfg.updates} episodes={cfg.episodes} "
+               + ("" if cfg.seed_base is None else f"seed_base={cfg.seed_base} ")
                + "'settings=[" + ", ".join(f'"{s}"' for s in cfg.settings) + "]'" + f" seed={cfg.seed} name={name}")
     payload = {"run": cfg.run, "command": command, "name": name, "updates": cfg.updates, "episodes": cfg.episodes,
                "seed_base": seed_base, "split": split, "rows": rows, "machine": machine_info()}
