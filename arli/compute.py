@@ -34,7 +34,7 @@ def resolve_device(name: str, field: str = "device") -> str:
 
 
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3  # glibc's mallopt parameters
-_RETAINED: bool | None = None  # None: not tried yet; then whether it took
+_RETAINED = False
 
 
 def retain_freed_memory() -> bool:
@@ -42,19 +42,20 @@ def retain_freed_memory() -> bool:
 
     By default a block over 128 KiB to 32 MiB (the threshold adapts) is a fresh ``mmap``, and
     unmapped again when freed: each of the learner's per-update activations of a few MiB then
-    costs page faults on first touch, about a fifth of a value-gated update on a 2-core CPU
-    (reports/learner_speed_history.md). Raising the mmap threshold to its maximum (32 MiB) and the trim
+    costs page faults on first touch, about a fifth of a value-gated update on a CPU
+    (``arli bench learner``). Raising the mmap threshold to its maximum (32 MiB) and the trim
     threshold keeps those pages in the heap. Process-wide, once; a no-op (False) where the C
     library is not glibc."""
     global _RETAINED
-    if _RETAINED is not None:
-        return _RETAINED
+    if _RETAINED:
+        return True
     import ctypes  # noqa: PLC0415
+    import ctypes.util  # noqa: PLC0415
 
     try:
-        mallopt = ctypes.CDLL(None).mallopt  # the C library this process already runs on
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
     except (OSError, AttributeError):  # musl, macOS: no mallopt
-        _RETAINED = False
         return False
     _RETAINED = bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20) and mallopt(_M_TRIM_THRESHOLD, 1 << 30)
                      and mallopt(_M_TOP_PAD, 64 << 20))
