@@ -602,7 +602,9 @@ class BenchTuneConfig:
     # a setting qualifies when its paired gain over the reference has a 95% CI lower end above margin
     # (< 0: no more than -margin worse, a non-inferiority choice)
     margin: float = 0.0
-    prefer: str = "success"  # among those qualifying: "success" (the highest) or "cost" (least learner time, reference included)
+    # among those qualifying: "success" (the highest), "cost" (least learner time, reference included) or
+    # "dip" (the tune curve's shallowest worst dip below its start while learning, reference included)
+    prefer: str = "success"
     report_dir: str = "reports"
 
     def validate(self) -> None:
@@ -610,7 +612,7 @@ class BenchTuneConfig:
                 "a list of run directories, the reference first", self.runs)
         _positive(self, "episodes")
         require(-1 < self.margin < 1, "margin", "a success difference in (-1, 1)", self.margin)
-        require(self.prefer in ("success", "cost"), "prefer", "success or cost", self.prefer)
+        require(self.prefer in ("success", "cost", "dip"), "prefer", "success, cost or dip", self.prefer)
         require(all(isinstance(r, str) and r.endswith(".json") for r in self.outcomes_from), "outcomes_from",
                 "a list of `arli bench tune` report JSONs (reports/<name>.json)", self.outcomes_from)
         require(bool(self.name) and not set(self.name) & set("/\\"), "name",

@@ -33,10 +33,28 @@ def test_a_trust_region_holds_the_actor_the_select_update_moves(run_dir, tmp_pat
     assert held["overrides"] == {"start_weight": 1000} and free["overrides"] == {}
     # the same checkpoint: the critic's picks are the same draws, the actor evaluated once before
     assert free["picks"] == held["picks"] and free["before"] == held["before"] and len(held["after"]) == 2
+    # the gated policy is evaluated too, with the gate acting although the checkpoint is inside the
+    # warm-up; the same critic and gate settings on the same episodes: the same outcomes before
+    assert len(free["gated_before"]) == len(held["gated_after"]) == 2 and free["gated_before"] == held["gated_before"]
     assert free["picks"]["row_step"] > 0 and free["moved"] > 0 and any(x != 0 for x in free["mean_shift"])
     assert held["moved"] < free["moved"] / 5  # the trust region to the start holds
     md = (tmp_path / "d.md").read_text()
+    assert "gated before" in md
     assert "start_weight=1000" in md and "![drift](d.png)" in md and (tmp_path / "d.png").exists()
+
+
+@pytest.mark.slow
+def test_the_gated_evaluation_lets_the_gate_act_inside_the_warm_up_and_restores_the_count(run_dir, monkeypatch):
+    import arli.bench.drift as drift
+
+    _, ft = drift._load(str(run_dir), "")
+    learner = ft.learner
+    seen: list[int] = []
+    monkeypatch.setattr(ft, "evaluate", lambda episodes, seed_base: seen.append(learner.updates) or {"outcomes": [1]})
+    updates = learner.updates
+    assert 0 < updates < learner.cfg.critic_warmup_updates  # inside the warm-up: act() would not gate
+    assert drift.gated(ft, 1, 10_000) == [1]
+    assert seen == [learner.cfg.critic_warmup_updates] and learner.updates == updates
 
 
 @pytest.mark.slow

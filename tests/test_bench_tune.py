@@ -376,6 +376,26 @@ def test_single_seed_reports_pool_from_their_committed_json_as_evaluating_the_ru
                                     f"outcomes_from=[{','.join(reports[:2])}]"]), evaluate=_never)
 
 
+def test_prefer_dip_takes_the_setting_whose_curve_collapses_least_among_those_as_good():
+    """``prefer=dip``: of the reference and the settings no more than -margin worse, the one whose
+    tune curve falls least below its start while it learns (its worst run counts); a setting
+    that dips less but is clearly worse does not qualify; a run without a curve is refused."""
+    from arli.bench.tune import curve_dip
+
+    curve = {"history": [{"success": 0.8}, {"success": 0.1}, {"success": 0.9}]}
+    assert curve_dip(curve) == pytest.approx(-0.7) and curve_dip({"history": [{"success": 0.8}]}) is None
+    rows = _rows(BETTER, BETTER, REF)  # r1 as good as the reference, r2 0.30 worse (resolved)
+    for r, dip in zip(rows, (-0.7, -0.1, 0.0)):
+        r["curve_dip"] = dip
+    pick = choose(rows, N, margin=-0.1, prefer="dip")
+    assert pick["chosen"] == "r1" and "r0 -0.70; r1 -0.10" in pick["why"] and "r2" not in pick["why"]
+    rows[1]["curve_dip"] = -0.8  # dips deeper than the reference: the reference is kept
+    assert "it is kept" in choose(rows, N, margin=-0.1, prefer="dip")["why"]
+    rows[1]["curve_dip"] = None
+    with pytest.raises(ConfigError, match="prefer: dip needs each run's tune curve .* missing for r1"):
+        choose(rows, N, margin=-0.1, prefer="dip")
+
+
 def test_a_non_inferiority_margin_with_prefer_cost_takes_the_cheapest_setting_as_good_as_the_reference(tmp_path):
     """``margin=-0.1 prefer=cost``: the cheapest of the reference and the settings whose paired gain's
     lower end is above -0.1; a cheaper setting clearly worse does not qualify, and where none is
@@ -395,7 +415,7 @@ def test_a_non_inferiority_margin_with_prefer_cost_takes_the_cheapest_setting_as
         choose(rows, N, margin=-0.1, prefer="cost")
     rows[1]["learner_s"] = 50.0
     assert choose(rows, N, margin=-0.1, prefer="cost")["chosen"] == "r1"
-    with pytest.raises(ConfigError, match="prefer: expected success or cost"):
+    with pytest.raises(ConfigError, match="prefer: expected success, cost or dip"):
         compose("bench_tune", ["runs=[a,b]", "prefer=cheap"])
     with pytest.raises(ConfigError, match="margin"):
         compose("bench_tune", ["runs=[a,b]", "margin=-1.5"])

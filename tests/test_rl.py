@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from arli.errors import ConfigError
 from arli.policies.residual import EnsembleCritic, ResidualActor, compose_action
 from arli.policies.residual_np import NumpyEnsembleCritic, ResidualActing
 from arli.runtime.intervention import Intervention
@@ -109,13 +110,16 @@ def test_numpy_acting_matches_the_torch_actor():
     assert np.all(edge <= 1.0)
 
 
-def test_numpy_value_gating_chooses_what_the_learner_chooses():
+@pytest.mark.parametrize("confidence", [0.0, 0.5])
+def test_numpy_value_gating_chooses_what_the_learner_chooses(confidence):
     """The robot's numpy critic scores candidates as the torch critic does (head by head), and
-    its gated acting executes the candidate of {r, 0, perturbations} with the highest mean-head
-    Q, as ``ResidualLearner.best_candidate`` picks among the same candidates; before the critic's
-    warm-up it acts with r; without the critic's arrays it refuses to gate."""
+    its gated acting executes the candidate of {r, 0, perturbations} that
+    ``ResidualLearner.best_candidate`` picks among the same candidates (the highest mean-head Q,
+    or with ``gate_confidence`` the highest lower bound of the advantage over r); before the
+    critic's warm-up it acts with r; without the critic's arrays it refuses to gate."""
     cfg = LearnerConfig(residual_scale=0.3, exploration_std=0.0, gate_candidates=6, gate_std=0.5,
-                        critic_warmup_updates=10, critic_heads=3, critic_hidden=32, hidden=32)
+                        critic_warmup_updates=10, critic_heads=3, critic_hidden=32, hidden=32,
+                        gate_confidence=confidence)
     learner = ResidualLearner(cfg, D, M, seed=0)
     torch.nn.init.normal_(learner.actor.net[-1].weight, std=0.5)
     arrays = {k: v.detach().numpy() for k, v in learner.actor.state_dict().items()}
@@ -147,6 +151,23 @@ def test_numpy_value_gating_chooses_what_the_learner_chooses():
         ResidualActing(cfg, arrays, M)
     with pytest.raises(ValueError, match="came without the critic's"):
         acting.load(arrays, None)
+
+
+def test_a_confident_gate_leaves_pi_only_where_the_heads_agree():
+    """``gate_confidence`` k: a candidate replaces pi(s) (the first) only where the mean over
+    heads of its advantage minus k times their std is the highest and positive; k = 0 is the
+    highest mean-head Q."""
+    learner = ResidualLearner(LearnerConfig(critic_heads=4, gate_confidence=1.0), D, M, seed=0)
+    # (E=4, K=3, B=2): on row 0 candidate 1 is better by 0.1 in every head; on row 1 candidate 2
+    # is better on average (+0.05) but the heads disagree (+0.4, -0.2, -0.1, +0.1)
+    q = torch.zeros(4, 3, 2)
+    q[:, 1, 0] = 0.1
+    q[:, 2, 1] = torch.tensor([0.4, -0.2, -0.1, 0.1])
+    assert learner.choose(q).tolist() == [1, 0]
+    learner.cfg.gate_confidence = 0.0
+    assert learner.choose(q).tolist() == [1, 2]
+    with pytest.raises(ConfigError, match="gate_confidence"):
+        LearnerConfig(critic_heads=1, critic_subset=1, gate_confidence=1.0).validate()
 
 
 def test_gated_acting_without_exploration_is_a_function_of_the_state():
@@ -461,7 +482,8 @@ def test_awr_follows_the_advantage_and_anchor_and_start_weights_hold_it():
     online rows' uniformly random actions, weighted by exp(A / T), walks the executed action at
     s1 to the critic's argmax C; with q_weight = 0 (the BC control) the same update walks it to
     the anchor's bad action instead; with start_weight > 0 after anchor pretraining onto the
-    bad action, the trust region keeps the actor near that start."""
+    bad action, the trust region keeps the actor near that start, and once it has faded
+    (``start_decay_updates``) the actor walks to C as without it."""
     buf, anchor = _toy_mdp(), _bad_anchor(np.random.default_rng(5))
     ctx = np.random.default_rng(3).normal(size=(100, D - 1)).astype(np.float32)
     s1 = torch.from_numpy(np.c_[ctx, np.ones(100)].astype(np.float32))
@@ -477,15 +499,23 @@ def test_awr_follows_the_advantage_and_anchor_and_start_weights_hold_it():
     # trust region: pretrained onto the bad anchor action, then held there against the pull
     held = _toy_learner(q_weight=1.0, anchor_weight=0.0, start_weight=10.0, pretrain_lr=1e-3, **common)
     held.pretrain_actor(anchor, 1000)
+    # the same trust region fading over 500 updates after the warm-up: held at first, then free
+    faded = _toy_learner(q_weight=1.0, anchor_weight=0.0, start_weight=10.0, start_decay_updates=500,
+                         pretrain_lr=1e-3, **common)
+    faded.pretrain_actor(anchor, 1000)
     bad = np.array([-0.9, 0.9])
     assert np.linalg.norm(executed(held) - bad) < 0.15
-    weight_online = {}
-    for name, learner in (("rl", rl), ("bc", bc), ("held", held)):
-        for _ in range(2500):
+    weight_online, start_weights = {}, []
+    for name, learner in (("rl", rl), ("bc", bc), ("held", held), ("faded", faded)):
+        for i in range(2500):
             weight_online[name] = learner.update(buf, anchor).get("weight_online")
+            if name == "faded" and i + 1 in (1500, 1750, 2000):
+                start_weights.append(learner.start_weight())
+    assert start_weights == [10.0, 5.0, 0.0] and held.start_weight() == 10.0
+    assert np.linalg.norm(executed(faded) - C) < 0.15  # free once the trust region has faded
     assert np.linalg.norm(executed(rl) - C) < 0.15  # started 0.36 away, at 0
     # anchor_weight = 0: anchor rows carry no weight at all; the control: only anchor rows do
-    assert weight_online == {"rl": 1.0, "bc": 0.0, "held": 1.0}
+    assert weight_online == {"rl": 1.0, "bc": 0.0, "held": 1.0, "faded": 1.0}
     assert np.linalg.norm(executed(bc) - bad) < 0.15
     # the same pull as rl's, but the start term keeps it within a quarter of the way to C
     assert np.linalg.norm(executed(held) - bad) < 0.25 * np.linalg.norm(bad - C)

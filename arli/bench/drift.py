@@ -11,7 +11,10 @@ regress onto the highest-Q of the gating candidates and the row's own action) ru
   disagree against how much the candidates differ;
 * how far the actor moved (mean |r - r0| over a fixed probe batch, and the mean shift per
   action entry);
-* the actor alone (no value gating) before and after, on the same episodes.
+* the actor alone (no value gating) before and after, on the same episodes, and the gated
+  policy (the frozen critic choosing among the candidates at every step, as a run acts once
+  its warm-up ends) before and after: what the gate does with this critic, apart from where
+  the actor goes.
 
 It separates "the critic's choices pull the actor somewhere that fails" from everything an
 online run mixes in (new data, the critic learning, gating at acting time). Only the select
@@ -33,8 +36,8 @@ PROBE_ROWS = 2048  # the fixed batch the actor's movement is measured on
 STAT_BATCHES = 4  # batches the critic's picks are summarised over
 # learner settings the select step reads at each update (others are fixed when the networks and
 # optimisers are built, or change what the actor is before the steps: refused)
-SETTINGS = ("start_weight", "gate_candidates", "gate_std", "anchor_weight", "anchor_decay_updates", "anchor_ratio",
-            "batch_size", "q_weight", "grad_clip")
+SETTINGS = ("start_weight", "start_decay_updates", "gate_candidates", "gate_std", "gate_confidence", "anchor_weight",
+            "anchor_decay_updates", "anchor_ratio", "batch_size", "q_weight", "grad_clip")
 
 
 def parse_setting(entry: str) -> dict:
@@ -105,7 +108,7 @@ def pick_stats(ft, generator) -> dict:
             r_data = ((b["action"] - b["base"]) / lc.residual_scale).clamp(-1, 1)
             cands = torch.cat([learner.candidates(r, lc.gate_candidates, lc.gate_std, generator), r_data[None]])
             q = learner.critic.candidates(b["state"], compose_action(b["base"], cands, lc.residual_scale))  # (E, K, B)
-            best = q.mean(0).argmax(0)  # (B,)
+            best = learner.choose(q)  # (B,)
             K = cands.shape[0]
             share = np.bincount(best.cpu().numpy(), minlength=K) / best.numel()
             acc["pi"].append(share[0])
@@ -130,6 +133,18 @@ def actor_alone(ft, episodes: int, seed_base: int) -> list[int]:
         ft.learner.gating = gating
 
 
+def gated(ft, episodes: int, seed_base: int) -> list[int]:
+    """Success per episode of the value-gated policy with the critic as it is now. A checkpoint
+    inside the critic warm-up does not gate yet (``act`` waits for the warm-up): its update count
+    is lifted to the warm-up's end while evaluating (restored after), so the gate acts with it."""
+    learner = ft.learner
+    updates, learner.updates = learner.updates, max(learner.updates, learner.cfg.critic_warmup_updates, 1)
+    try:
+        return [int(x) for x in ft.evaluate(episodes, seed_base)["outcomes"]]
+    finally:
+        learner.updates = updates
+
+
 def measure(cfg: BenchDriftConfig, entry: str, seed_base: int, before: list[int] | None, bar) -> dict:
     """One setting: pick statistics, ``cfg.updates`` select steps with the critic frozen, the
     actor's movement and its success alone before (given, or measured) and after."""
@@ -140,6 +155,7 @@ def measure(cfg: BenchDriftConfig, entry: str, seed_base: int, before: list[int]
     generator = torch.Generator().manual_seed(cfg.seed)
     if before is None:
         before = actor_alone(ft, cfg.episodes, seed_base)
+    gated_before = gated(ft, cfg.episodes, seed_base) if learner.gating else None
     picks = pick_stats(ft, generator)
     probe = _batch(ft, PROBE_ROWS, generator)["state"]
     with torch.no_grad():
@@ -150,10 +166,15 @@ def measure(cfg: BenchDriftConfig, entry: str, seed_base: int, before: list[int]
     with torch.no_grad():
         shift = learner.actor(probe) - r0
     after = actor_alone(ft, cfg.episodes, seed_base)
+    gated_after = gated(ft, cfg.episodes, seed_base) if learner.gating else None
     return {"setting": entry or "(the run's)", "overrides": parse_setting(entry), "updates_at_start": learner.updates,
             "picks": picks, "moved": float(shift.abs().mean().item()),
             "mean_shift": [float(x) for x in shift.mean(0).cpu().numpy()],
-            "before": before, "after": after}
+            "before": before, "after": after, "gated_before": gated_before, "gated_after": gated_after}
+
+
+def _mean(outcomes: list[int] | None) -> str:
+    return "-" if outcomes is None else f"{np.mean(outcomes):.3f}"
 
 
 def report_md(p: dict) -> list[str]:
@@ -166,17 +187,19 @@ def report_md(p: dict) -> list[str]:
              f"{p['seed_base']}..) before and after. Picks: the share of rows whose highest-Q candidate is pi(s), the "
              "base, a perturbation of pi(s) or the row's own action; steps in residual units (row: mean |pick - pi(s)|; "
              "coherent: |batch mean of pick - pi(s)|, the pull on the whole actor); head std vs the candidates' "
-             "spread of mean-head Q.", "",
+             "spread of mean-head Q. Gated: the frozen critic choosing among the candidates at every step (as a run "
+             "acts after its warm-up), with the actor before and after the steps.", "",
              "| setting | picks pi / base / perturbed / data | row step | coherent step | head std / spread | "
-             "moved mean abs r - r0 | actor alone before | after [95% CI] |",
-             "|---|---|---:|---:|---|---:|---:|---|"]
+             "moved mean abs r - r0 | actor alone before | after [95% CI] | gated before | gated after |",
+             "|---|---|---:|---:|---|---:|---:|---|---:|---:|"]
     for r in p["rows"]:
         k = r["picks"]
         lo, hi = success_ci(np.array(r["after"], float))
         lines.append(f"| {r['setting']} | {k['pi']:.2f} / {k['base']:.2f} / {k['perturbed']:.2f} / {k['data']:.2f} | "
                      f"{k['row_step']:.3f} | {k['coherent_step']:.3f} | {k['head_std']:.3f} / "
                      f"{k['candidate_spread']:.3f} | {r['moved']:.3f} | {np.mean(r['before']):.3f} | "
-                     f"{np.mean(r['after']):.3f} [{lo:.3f}, {hi:.3f}] |")
+                     f"{np.mean(r['after']):.3f} [{lo:.3f}, {hi:.3f}] | {_mean(r.get('gated_before'))} | "
+                     f"{_mean(r.get('gated_after'))} |")
     lines += ["", "Mean shift of r per action entry after the steps: " + "; ".join(
         f"{r['setting']}: [{', '.join(f'{x:+.3f}' for x in r['mean_shift'])}]" for r in p["rows"]), "",
               f"![drift]({p['name']}.png)"]
@@ -221,12 +244,18 @@ def main(cfg: BenchDriftConfig) -> int:
     os.makedirs(cfg.report_dir, exist_ok=True)
     with figure(os.path.join(cfg.report_dir, f"{name}.png"), figsize=(7, 3.5)) as ax:
         labels = [r["setting"] for r in rows]
-        after = [np.mean(r["after"]) for r in rows]
-        ci = np.array([success_ci(np.array(r["after"], float)) for r in rows])
-        ax.bar(range(len(rows)), after, yerr=[np.array(after) - ci[:, 0], ci[:, 1] - np.array(after)], capsize=4)
+        x = np.arange(len(rows))
+        for key, shift, label in (("after", -0.2, "actor alone"), ("gated_after", 0.2, "gated")):
+            shown = [r for r in rows if r[key] is not None]
+            if not shown:
+                continue
+            mean = np.array([np.mean(r[key]) for r in shown])
+            ci = np.array([success_ci(np.array(r[key], float)) for r in shown])
+            ax.bar(x[:len(shown)] + shift, mean, width=0.4, yerr=[mean - ci[:, 0], ci[:, 1] - mean], capsize=3,
+                   label=f"{label} after")
         ax.axhline(np.mean(rows[0]["before"]), color="k", ls="--", label="actor alone before")
-        ax.set_xticks(range(len(rows)), labels, rotation=20, ha="right", fontsize=7)
-        ax.set_ylabel(f"actor alone after {cfg.updates} steps")
+        ax.set_xticks(x, labels, rotation=20, ha="right", fontsize=7)
+        ax.set_ylabel(f"success after {cfg.updates} steps")
         ax.set_ylim(0, 1)
         ax.legend(fontsize=7)
     lines = report_md(payload)

@@ -10,7 +10,8 @@ that differ from the reference (as Hydra overrides), its tune success with a
 reference and vs the base. The choice: the highest tune success among the settings whose
 paired gain over the reference has a 95% interval above 0 (``margin``); none -> the reference is
 kept. ``margin=-0.05 prefer=cost``: the cheapest (learner-update time) of the reference and the
-settings no more than 0.05 worse, by the same interval — a cheaper learner that is as good.
+settings no more than 0.05 worse, by the same interval — a cheaper learner that is as good;
+``prefer=dip``: of the same, the one whose tune curve dips least below its start while it learns.
 -> ``<report_dir>/<name>.{json,md,png}``. With ``outcomes_from=[<report>.json,...]`` the runs'
 outcomes come from the committed one-seed reports that judged them (``reported_outcomes``), so
 runs judged seed by seed pool into one choice; a run in none of them is evaluated.
@@ -386,33 +387,50 @@ def _against(pick: dict, ref: dict, episodes: int) -> str:
             f"{g['mean']:+.3f} with 95% CI [{g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}] on {episodes} tune episodes")
 
 
+# prefer -> (the row's field, +1 when higher is better / -1 when lower, the pick's quality, where the
+# field comes from, its format)
+PREFERENCES = {
+    "cost": ("learner_s", -1, "the least mean learner-update time",
+             "each run's learner-update time (summary.json train_time_s.learner_updates)", "{:.0f} s"),
+    "dip": ("curve_dip", 1, "the shallowest worst dip of the tune curve below its start",
+            "each run's tune curve past its start (summary.json history)", "{:+.2f}"),
+}
+
+
+def curve_dip(summary: dict) -> float | None:
+    """The lowest tune success of a run's learning curve after its start minus the start (<= 0 when
+    it dips; None without a point past the start): how far it collapses while it learns."""
+    points = [h["success"] for h in summary.get("history") or []]
+    return None if len(points) < 2 else float(min(points[1:]) - points[0])
+
+
 def choose(rows: list[dict], episodes: int, margin: float = 0.0, prefer: str = "success") -> dict:
     """The choice among the settings whose paired gain over the reference (the first row) has a
     95% interval with lower bound > ``margin``: ``prefer="success"``, the highest tune success
     (ties: the larger lower bound, then the earlier one), none -> the reference is kept;
     ``prefer="cost"``, the least learner-update time (``learner_s``) among those and the reference
-    itself (ties: the higher tune success). A negative margin asks for no more than ``-margin``
+    itself (ties: the higher tune success); ``prefer="dip"``, among the same, the shallowest worst
+    dip of a run's tune curve below its start (``curve_dip``: the collapse while it learns; ties:
+    the higher tune success). A negative margin asks for no more than ``-margin``
     worse than the reference (non-inferiority), e.g. to take a cheaper learner that is as good."""
     ref = rows[0]
     bound = "above 0" if margin == 0 else f"above {margin:+g}"
     better = [r for r in rows[1:] if r["gain_vs_reference"]["ci95"][0] > margin]
-    if prefer == "cost":
-        costs = {r["label"]: r.get("learner_s") for r in [ref, *better]}
-        if any(c is None for c in costs.values()):
-            missing = ", ".join(k for k, c in costs.items() if c is None)
-            raise ConfigError(f"prefer: cost needs each run's learner-update time (summary.json train_time_s."
-                              f"learner_updates), missing for {missing}; pass prefer=success")
-        pick = min([ref, *better], key=lambda r: (r["learner_s"], -r["success"]))
-        listed = "; ".join(f"{r['label']} {r['learner_s']:.0f} s" for r in [ref, *better])
+    if prefer in PREFERENCES:
+        key, sign, best, source, fmt = PREFERENCES[prefer]
+        pool = [ref, *better]
+        missing = [r["label"] for r in pool if r.get(key) is None]
+        if missing:
+            raise ConfigError(f"prefer: {prefer} needs {source}, missing for {', '.join(missing)}; pass prefer=success")
+        pick = max(pool, key=lambda r: (sign * r[key], r["success"]))
+        listed = "; ".join(f"{r['label']} {fmt.format(r[key])}" for r in pool)
+        head = (f"{best} ({listed}) of the "
+                f"{len(pool)} settings that are the reference or whose paired gain over it has a 95% CI lower end "
+                f"{bound} on {episodes} tune episodes")
         if pick is ref:
-            return {"chosen": ref["label"],
-                    "why": (f"the reference {ref['label']} is the cheapest of the {len(better) + 1} settings that are "
-                            f"the reference or whose paired gain over it has a 95% CI lower end {bound} on {episodes} "
-                            f"tune episodes (mean learner-update time: {listed}); it is kept")}
+            return {"chosen": ref["label"], "why": f"the reference {ref['label']} has {head}; it is kept"}
         return {"chosen": pick["label"],
-                "why": (f"{pick['label']} ({' '.join(pick['overrides']) or 'the same settings'}): mean learner-update "
-                        f"time {pick['learner_s']:.0f} s, the least of the settings that are the reference or whose "
-                        f"paired gain over it has a 95% CI lower end {bound} ({listed}); "
+                "why": (f"{pick['label']} ({' '.join(pick['overrides']) or 'the same settings'}) has {head}; "
                         + _against(pick, ref, episodes))}
     if better:
         pick = max(better, key=lambda r: (r["success"], r["gain_vs_reference"]["ci95"][0]))
@@ -491,10 +509,22 @@ def markdown(cfg: BenchTuneConfig, payload: dict) -> list[str]:
             md.append(f"| `{label}` | {a['awr_weight_ess']:.3f} | {a['awr_weight_clipped']:.3f} | "
                       f"{a['advantage_std']:.4f} | {a['advantage_abs_p50']:.4f} | "
                       f"{a.get('advantage_head_std', float('nan')):.4f} | {a.get('advantage_snr', float('nan')):.2f} |")
+    if any(r.get("curve_dip") is not None for r in rows):
+        md += ["", "Tune curves while learning (each run's `summary.json` history, its curve episodes per point): "
+               "the lowest point after the start minus the start, per run (curve points), and the setting's worst.",
+               "", "| setting | worst dip | per run |", "|---|---:|---|"]
+        for r in rows:
+            worst = "—" if r.get("curve_dip") is None else f"{r['curve_dip']:+.2f}"
+            per = ", ".join(f"`{n}` {'—' if d is None else f'{d:+.2f}'} ({r['curve_points'][n]})"
+                            for n, d in r["curve_dips"].items())
+            md.append(f"| `{r['label']}` | {worst} | {per} |")
     md += ["", f"**Chosen: `{chosen['chosen']}`.** {chosen['why']}.", "",
            "The rule, in code (`arli.bench.tune.choose`): "
            + (f"the least mean learner-update time among the reference and the settings whose paired gain over "
               f"the reference has a 95% CI lower bound > {cfg.margin:+g}. " if cfg.prefer == "cost" else
+              f"the shallowest worst tune-curve dip below the start among the reference and the settings whose "
+              f"paired gain over the reference has a 95% CI lower bound > {cfg.margin:+g}. " if cfg.prefer == "dip"
+              else
               f"the highest tune success among the settings whose paired gain over the reference has a 95% CI "
               f"lower bound > {cfg.margin:g}; none -> the reference is kept. ")
            + "Each interval is per comparison (no correction for the number of settings).", "",
@@ -574,6 +604,10 @@ def main(cfg: BenchTuneConfig, evaluate: Evaluate = evaluate_run) -> int:
                     [[dicts[i]["run"]["seed"] for i in g] for g in groups], [mean_of(learner, g) for g in groups])
     for row, g in zip(rows, groups):
         row["runs"] = [labels[i] for i in g]
+        dips = [curve_dip(summaries[i]) for i in g]
+        row["curve_dips"] = {labels[i]: d for i, d in zip(g, dips)}
+        row["curve_points"] = {labels[i]: len(summaries[i].get("history") or []) for i in g}
+        row["curve_dip"] = None if any(d is None for d in dips) else min(dips)
         if any(results[i].get("evaluated") for i in g):  # beside outcomes_from: these runs were evaluated here
             row["evaluated"] = [labels[i] for i in g if results[i].get("evaluated")]
         row["awr_by_run"] = {labels[i]: results[i].get("awr") for i in g}

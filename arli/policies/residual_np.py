@@ -207,9 +207,14 @@ class ResidualActing:
 
     def gate(self, state: np.ndarray, base: np.ndarray, r: np.ndarray, noise: np.ndarray) -> np.ndarray:
         """The candidate residual (m,) of {r, 0, clip(r + noise_k)} (noise (K - 2, m)) whose
-        action clip(b + scale * c) has the highest mean-head Q."""
+        action clip(b + scale * c) has the highest mean-head Q (with ``gate_confidence`` k > 0:
+        the highest mean - k std over heads of its advantage over r, ``ResidualLearner.choose``)."""
         cands = np.concatenate([r[None], np.zeros_like(r)[None], np.clip(r[None] + noise, -1.0, 1.0)])
-        q = self.critic.candidates(state, compose_numpy(base, cands, float(self.scale)))
+        q = self.critic.candidates(state, compose_numpy(base, cands, float(self.scale)))  # (E, K)
+        k = self.cfg.gate_confidence
+        if k:
+            advantage = q - q[:, :1]
+            return cands[int(np.argmax(advantage.mean(0) - k * advantage.std(0, ddof=1)))].copy()
         return cands[int(np.argmax(q.mean(0)))].copy()
 
     def act(self, state: np.ndarray, base: np.ndarray, explore: bool) -> np.ndarray:

@@ -61,6 +61,10 @@ class LearnerConfig:
     # [+0.067, +0.160]); `+recipe=awr` is the learner without it (the former default)
     gate_candidates: int = 8
     gate_std: float = 0.3
+    # confidence the gate needs to leave pi(s) (acting, the select target and the max-Q backup):
+    # 0 = the highest mean-head Q; k > 0 = the highest mean - k * std over heads of each
+    # candidate's advantage over pi(s), so pi(s) stays where the heads disagree about a candidate
+    gate_confidence: float = 0.0
     # max-Q backup (EXPO / PLD): the TD target's next action is the highest-target-Q of
     # {pi'(s'), 0 (the base), backup_candidates - 2 perturbations of pi'(s') (std gate_std)},
     # so the critic values what a value-gated actor would do; 0 or 1 = pi'(s') (TD3)
@@ -128,6 +132,10 @@ class LearnerConfig:
     # pretraining). Unlike continued BC on the anchor rows, it holds the start without fitting
     # the 60 demonstrations any further (reports/learner_tuning.md)
     start_weight: float = 0.0
+    # the trust region fades: its weight falls linearly to 0 over this many updates after the
+    # critic warm-up (0 = never fades), so it holds the start while the young critic cannot rank
+    # nearby actions and lets the actor go once it can
+    start_decay_updates: int = 0
 
     def validate(self) -> None:
         checks = {
@@ -162,11 +170,15 @@ class LearnerConfig:
                                             "are pi(s), the base and gate_candidates - 2 perturbations; fewer "
                                             "make it plain regression onto the data)"),
             "run.learner.gate_std": (self.gate_std >= 0, ">= 0"),
+            "run.learner.gate_confidence": (self.gate_confidence >= 0 and (self.gate_confidence == 0
+                                                                          or self.critic_heads >= 2),
+                                            ">= 0, and 0 with one critic head (no disagreement to measure)"),
             "run.learner.awr_temperature": (self.awr_temperature > 0, "> 0"),
             "run.learner.awr_max_weight": (self.awr_max_weight >= 1, ">= 1"),
             "run.learner.awr_advantage": (self.awr_advantage in AWR_ADVANTAGES, f"one of {AWR_ADVANTAGES}"),
             "run.learner.awr_weights": (self.awr_weights in AWR_WEIGHTS, f"one of {AWR_WEIGHTS}"),
             "run.learner.anchor_decay_updates": (self.anchor_decay_updates >= 0, ">= 0 (0 = never fades)"),
+            "run.learner.start_decay_updates": (self.start_decay_updates >= 0, ">= 0 (0 = never fades)"),
             "run.learner.backup_candidates": (self.backup_candidates >= 0, ">= 0"),
             "run.learner.grad_clip": (self.grad_clip >= 0, ">= 0 (0 = off)"),
             "run.learner.pretrain_updates": (self.pretrain_updates >= 0, ">= 0"),
@@ -177,7 +189,7 @@ class LearnerConfig:
         check_fields(self, checks)
         for name in ("awr_advantage", "awr_weights"):
             require(self.actor_update == "awr" or getattr(self, name) == getattr(LearnerConfig, name),
-                    f"run.learner.{name}", f"its default unless run.learner.actor_update=awr (it shapes awr's "
+                    f"run.learner.{name}", "its default unless run.learner.actor_update=awr (it shapes awr's "
                     "weights only)", getattr(self, name))
         # no term of the actor's loss pulls anywhere
         require(self.q_weight > 0 or self.anchor_weight > 0, "run.learner.anchor_weight",

@@ -122,13 +122,25 @@ class ResidualLearner:
 
     def best_candidate(self, state: torch.Tensor, base: torch.Tensor, cands: torch.Tensor,
                        critic: EnsembleCritic | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The candidate residual (B, m) of ``cands`` (K, B, m) with the highest mean-head Q of
-        ``critic`` (default: the online critic), and every head's Q there (E, B)."""
+        """The candidate residual (B, m) of ``cands`` (K, B, m) that ``choose`` picks from the Q
+        of ``critic`` (default: the online critic), and every head's Q there (E, B)."""
         K, B, m = cands.shape
         q = (critic or self.critic).candidates(state, compose_action(base, cands, self.cfg.residual_scale))
-        best = q.mean(0).argmax(0)  # (B,)
+        best = self.choose(q)
         return cands.gather(0, best.view(1, B, 1).expand(1, B, m))[0], q.gather(1, best.view(1, 1, B).expand(
             q.shape[0], 1, B))[:, 0]
+
+    def choose(self, q: torch.Tensor) -> torch.Tensor:
+        """Index (B,) of the chosen candidate from every head's Q (E, K, B) of K candidates, the
+        first being the actor's own: the highest mean-head Q, or with ``gate_confidence`` k > 0
+        the highest lower bound of the advantage over the first, mean_E(A) - k std_E(A) with
+        A = Q_e(c) - Q_e(first) per head (the first's bound is 0, so it stays unless some
+        candidate's advantage is positive beyond the heads' disagreement about it)."""
+        k = self.cfg.gate_confidence
+        if k == 0:
+            return q.mean(0).argmax(0)
+        advantage = q - q[:, :1]
+        return (advantage.mean(0) - k * advantage.std(0)).argmax(0)
 
     def begin_episode(self) -> None:
         """Restarts the exploration process (its correlation never spans two episodes)."""
@@ -335,14 +347,22 @@ class ResidualLearner:
         stats = {"moved_to_data": ((target - r_data).abs().sum(-1) < 1e-6).float().mean().item()}
         return self._regress(b, r, target, weight, stats, diagnostics)
 
+    def _faded(self, weight: float, decay_updates: int) -> float:
+        """``weight`` falling linearly to 0 over ``decay_updates`` updates after the critic
+        warm-up (0 = never fades)."""
+        if decay_updates == 0:
+            return weight
+        done = max(0, self.updates - self.cfg.critic_warmup_updates) / decay_updates
+        return weight * max(0.0, 1.0 - done)
+
     def anchor_weight(self) -> float:
-        """The anchor rows' weight in the actor's loss now: ``anchor_weight``, fading linearly
-        to 0 over ``anchor_decay_updates`` updates after the critic warm-up (if set)."""
-        cfg = self.cfg
-        if cfg.anchor_decay_updates == 0:
-            return cfg.anchor_weight
-        done = max(0, self.updates - cfg.critic_warmup_updates) / cfg.anchor_decay_updates
-        return cfg.anchor_weight * max(0.0, 1.0 - done)
+        """The anchor rows' weight in the actor's loss now: ``anchor_weight``, fading over
+        ``anchor_decay_updates``."""
+        return self._faded(self.cfg.anchor_weight, self.cfg.anchor_decay_updates)
+
+    def start_weight(self) -> float:
+        """The trust region's weight now: ``start_weight``, fading over ``start_decay_updates``."""
+        return self._faded(self.cfg.start_weight, self.cfg.start_decay_updates)
 
     def _clip(self, params: FlatParameters, diagnostics: bool) -> float | None:
         """Scales the flat gradient to norm ``grad_clip`` when above it (0 = off). Returns the
@@ -355,12 +375,13 @@ class ResidualLearner:
 
     def _start_term(self, state: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
         """Trust region: start_weight * mean_B ||r - r_start(s)||^2 for states (B, D) and the
-        actor's residuals r (B, m); zero when start_weight is 0."""
-        if self.cfg.start_weight == 0:
+        actor's residuals r (B, m); zero when the weight (``start_weight()``) is 0."""
+        weight = self.start_weight()
+        if weight == 0:
             return torch.zeros(())
         with torch.no_grad():
             r_start = self.actor_start(state)
-        return self.cfg.start_weight * ((r - r_start) ** 2).sum(-1).mean()
+        return weight * ((r - r_start) ** 2).sum(-1).mean()
 
     def _regress(self, b: dict[str, torch.Tensor], r: torch.Tensor, target: torch.Tensor, weight: torch.Tensor,
                  stats: dict[str, float], diagnostics: bool) -> dict[str, float]:
