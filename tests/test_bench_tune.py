@@ -384,6 +384,8 @@ def test_prefer_dip_takes_the_setting_whose_curve_collapses_least_among_those_as
 
     curve = {"history": [{"success": 0.8}, {"success": 0.1}, {"success": 0.9}]}
     assert curve_dip(curve) == pytest.approx(-0.7) and curve_dip({"history": [{"success": 0.8}]}) is None
+    # the lowest point *after* the start: a curve that only climbs has a positive "dip"
+    assert curve_dip({"history": [{"success": 0.3}, {"success": 0.5}, {"success": 0.9}]}) == pytest.approx(0.2)
     rows = _rows(BETTER, BETTER, REF)  # r1 as good as the reference, r2 0.30 worse (resolved)
     for r, dip in zip(rows, (-0.7, -0.1, 0.0)):
         r["curve_dip"] = dip

@@ -158,14 +158,24 @@ def test_a_confident_gate_leaves_pi_only_where_the_heads_agree():
     heads of its advantage minus k times their std is the highest and positive; k = 0 is the
     highest mean-head Q."""
     learner = ResidualLearner(LearnerConfig(critic_heads=4, gate_confidence=1.0), D, M, seed=0)
-    # (E=4, K=3, B=2): on row 0 candidate 1 is better by 0.1 in every head; on row 1 candidate 2
-    # is better on average (+0.05) but the heads disagree (+0.4, -0.2, -0.1, +0.1)
-    q = torch.zeros(4, 3, 2)
-    q[:, 1, 0] = 0.1
-    q[:, 2, 1] = torch.tensor([0.4, -0.2, -0.1, 0.1])
-    assert learner.choose(q).tolist() == [1, 0]
+    # (E=4, K=3, B=3), every head with its own offset (0, 0.4, 0.8, 1.2) on pi(s)'s Q: on row 0
+    # candidate 1 is better by 0.1 in every head; on row 1 candidate 2 is better on average (+0.05)
+    # but the heads disagree (+0.4, -0.2, -0.1, +0.1); on row 2 candidate 1's Q is 0.61 in every head
+    # (no spread of its own Q, but advantages from +0.61 to -0.59, mean +0.01: not chosen)
+    offset = torch.tensor([0.0, 0.4, 0.8, 1.2])[:, None]
+    q = offset.expand(4, 3).clone()[:, :, None].repeat(1, 1, 3)
+    q[:, 1, 0] += 0.1
+    q[:, 2, 1] += torch.tensor([0.4, -0.2, -0.1, 0.1])
+    q[:, 1, 2] = 0.61
+    assert learner.choose(q).tolist() == [1, 0, 0]
+    # the spread is the sample std over heads: advantages (0.1, 0.1, 0.1, 0.3), mean 0.15, std 0.1
+    # (0.087 with ddof 0): at k = 1.6 the bound is -0.01, not +0.011
+    q2 = torch.zeros(4, 2, 1)
+    q2[:, 1, 0] = torch.tensor([0.1, 0.1, 0.1, 0.3])
+    learner.cfg.gate_confidence = 1.6
+    assert learner.choose(q2).tolist() == [0]
     learner.cfg.gate_confidence = 0.0
-    assert learner.choose(q).tolist() == [1, 2]
+    assert learner.choose(q).tolist() == [1, 2, 1]
     with pytest.raises(ConfigError, match="gate_confidence"):
         LearnerConfig(critic_heads=1, critic_subset=1, gate_confidence=1.0).validate()
 

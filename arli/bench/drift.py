@@ -36,8 +36,9 @@ PROBE_ROWS = 2048  # the fixed batch the actor's movement is measured on
 STAT_BATCHES = 4  # batches the critic's picks are summarised over
 # learner settings the select step reads at each update (others are fixed when the networks and
 # optimisers are built, or change what the actor is before the steps: refused)
-SETTINGS = ("start_weight", "start_decay_updates", "gate_candidates", "gate_std", "gate_confidence", "anchor_weight",
-            "anchor_decay_updates", "anchor_ratio", "batch_size", "q_weight", "grad_clip")
+# (no *_decay_updates: the steps here advance no update count, so no fade would start)
+SETTINGS = ("start_weight", "gate_candidates", "gate_std", "gate_confidence", "anchor_weight", "anchor_ratio",
+            "batch_size", "q_weight", "grad_clip")
 
 
 def parse_setting(entry: str) -> dict:
