@@ -29,11 +29,13 @@ smoke: setup
 		run.eval_every=1500 run.eval_episodes=10 run.guard_episodes=10 run.test_episodes=50 run.learn_after=300 \
 		run.learner.pretrain_updates=200 output_dir=outputs/smoke
 
+# a worker per core (pytest-xdist), each test module on one worker: most tests wait on processes,
+# sockets or one torch thread, so one test at a time leaves a core of this 2-core machine idle
 test: setup
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=15 tests
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider -n auto --dist loadfile --durations=15 tests
 
 test-fast: setup
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" tests
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider -n auto --dist loadfile -m "not slow" tests
 
 # pi0 / pi0.5 need transformers patched for openpi, in an environment of their own (docs/vla.md);
 # OPENPI=<openpi checkout> patches transformers 4.53.2 with its files, else huggingface's fork

@@ -376,6 +376,42 @@ def test_single_seed_reports_pool_from_their_committed_json_as_evaluating_the_ru
                                     f"outcomes_from=[{','.join(reports[:2])}]"]), evaluate=_never)
 
 
+def test_prefer_dip_through_the_bench_pools_each_settings_worst_run_and_reports_every_curve(tmp_path):
+    """The bench end to end with ``prefer=dip``: a setting's dip is the worst of its runs'
+    (read from each run's summary history), the report's table lists every run's dip and
+    curve points, and the choice follows the pooled dips."""
+    curves = {"ref0": [0.8, 0.0, 0.9], "ref1": [0.7, 0.6, 0.9], "held0": [0.8, 0.7, 0.9], "held1": [0.7, 0.5, 0.8]}
+    runs = []
+    for name, curve in curves.items():
+        seed = int(name[-1])
+        extra = ["run.learner.start_weight=10"] if name.startswith("held") else []
+        run = _fake_run(tmp_path / name, f"run.seed={seed}", *extra)
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        summary["history"] = [{"env_steps": 1000 * i, "success": v} for i, v in enumerate(curve)]
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+        runs.append(run)
+    finals = {"ref0": REF, "ref1": REF, "held0": REF, "held1": NOISY}
+    cfg = compose("bench_tune", [f"runs=[{','.join(runs)}]", "name=d", f"episodes={N}", "margin=-0.2",
+                                 "prefer=dip", f"report_dir={tmp_path / 'reports'}"])
+    assert main(cfg, evaluate=FakeEval(finals)) == 0
+    report = json.loads((tmp_path / "reports" / "d.json").read_text())
+    ref, held = report["runs"]
+    assert ref["curve_dips"] == pytest.approx({"ref0": -0.8, "ref1": -0.1}) and ref["curve_dip"] == pytest.approx(-0.8)
+    assert held["curve_dips"] == pytest.approx({"held0": -0.1, "held1": -0.2}) and held["curve_dip"] == pytest.approx(-0.2)
+    assert held["curve_points"] == {"held0": 3, "held1": 3}
+    assert report["chosen"]["chosen"] == "held0"
+    md = (tmp_path / "reports" / "d.md").read_text()
+    assert "| `ref0` | -0.80 | `ref0` -0.80 (3), `ref1` -0.10 (3) |" in md
+    assert "| `held0` | -0.20 | `held0` -0.10 (3), `held1` -0.20 (3) |" in md
+    assert "the shallowest worst tune-curve dip below the start" in md and "**Chosen: `held0`.**" in md
+    # the worse run decides: held1 falling 0.9 -> 0.0 makes the setting dip deeper than the reference
+    summary = json.loads((tmp_path / "held1" / "summary.json").read_text())
+    summary["history"][0]["success"], summary["history"][1]["success"] = 0.9, 0.0
+    (tmp_path / "held1" / "summary.json").write_text(json.dumps(summary))
+    assert main(cfg, evaluate=FakeEval(finals)) == 0
+    assert json.loads((tmp_path / "reports" / "d.json").read_text())["chosen"]["chosen"] == "ref0"
+
+
 def test_prefer_dip_takes_the_setting_whose_curve_collapses_least_among_those_as_good():
     """``prefer=dip``: of the reference and the settings no more than -margin worse, the one whose
     tune curve falls least below its start while it learns (its worst run counts); a setting
