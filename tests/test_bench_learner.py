@@ -49,7 +49,10 @@ def test_bench_learner_json(tmp_path):
     assert np.isclose(out["ratio"], out["updates_per_s"] / out["reference_updates_per_s"], rtol=0.02)
     report = json.loads((tmp_path / "learner.json").read_text())
     assert report["dispatch_floor_ms"] > 0 and report["gflop_per_update"] > 0
-    assert "What bounds it" in (tmp_path / "learner.md").read_text()
+    md = (tmp_path / "learner.md").read_text()
+    assert "What bounds it" in md
+    # the sweep ran the first row's learner (no candidates scored), and its heading says so
+    assert "The learner of the first row (TD3 backup, acting with pi: no candidates scored) with other sizes" in md
     # the size sweep: one row per requested shape, the bigger one doing more work per update
     rows = report["sweep"]
     assert [(r["batch_size"], r["critic_heads"], r["critic_hidden"]) for r in rows] == [(32, 2, 16), (64, 10, 32)]
