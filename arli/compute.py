@@ -34,7 +34,7 @@ def resolve_device(name: str, field: str = "device") -> str:
 
 
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3  # glibc's mallopt parameters
-_RETAINED = False
+_RETAINED: bool | None = None  # None: not tried yet; the outcome of the one try after it
 
 
 def retain_freed_memory() -> bool:
@@ -47,8 +47,8 @@ def retain_freed_memory() -> bool:
     threshold keeps those pages in the heap. Process-wide, once; a no-op (False) where the C
     library is not glibc."""
     global _RETAINED
-    if _RETAINED:
-        return True
+    if _RETAINED is not None:  # tried once: find_library may start a subprocess, not again per learner
+        return _RETAINED
     import ctypes  # noqa: PLC0415
     import ctypes.util  # noqa: PLC0415
 
@@ -56,6 +56,7 @@ def retain_freed_memory() -> bool:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
     except (OSError, AttributeError):  # musl, macOS: no mallopt
+        _RETAINED = False
         return False
     _RETAINED = bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20) and mallopt(_M_TRIM_THRESHOLD, 1 << 30)
                      and mallopt(_M_TOP_PAD, 64 << 20))

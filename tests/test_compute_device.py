@@ -105,3 +105,22 @@ def test_on_cuda_the_flow_policy_and_the_learner_match_the_cpu():
                                delay_steps=2)
     cpu.reset(1), gpu.reset(1)
     np.testing.assert_allclose(cpu.infer(request), gpu.infer(request), atol=1e-4)
+
+
+def test_retaining_freed_memory_is_tried_once_also_where_it_fails(monkeypatch):
+    """Where the C library has no mallopt (musl, macOS) the answer is False, and later learners
+    do not look for the library again (``find_library`` may start a subprocess)."""
+    import ctypes.util
+
+    from arli import compute
+
+    calls = []
+
+    def missing(name):
+        calls.append(name)
+        return "/nonexistent/libc-for-this-test.so"
+
+    monkeypatch.setattr(compute, "_RETAINED", None)
+    monkeypatch.setattr(ctypes.util, "find_library", missing)
+    assert compute.retain_freed_memory() is False and compute.retain_freed_memory() is False
+    assert calls == ["c"]

@@ -245,10 +245,14 @@ class SlowBatchPolicy:
 
     chunk_size, action_dim, n_obs_steps, batchable = 4, 2, 1, True
 
+    def __init__(self):
+        self.computing = threading.Event()  # set when a forward pass starts
+
     def infer(self, request) -> np.ndarray:
         return self.infer_batch([request])[0]
 
     def infer_batch(self, requests) -> list[np.ndarray]:
+        self.computing.set()
         time.sleep(0.03)
         return [np.zeros((4, 2), np.float32) for _ in requests]
 
@@ -262,7 +266,8 @@ def test_two_robots_out_of_step_fall_into_one_batch():
     ctx = zmq.Context.instance()
     state = np.zeros(6, np.float32)
     batches = {0: [], 1: []}
-    with serving_in_thread(SlowBatchPolicy(), max_batch=8, batch_wait_s=0.01) as address:
+    policy = SlowBatchPolicy()
+    with serving_in_thread(policy, max_batch=8, batch_wait_s=0.01) as address:
         robots = [ctx.socket(zmq.DEALER) for _ in range(2)]
         try:
             for sock in robots:
@@ -270,7 +275,9 @@ def test_two_robots_out_of_step_fall_into_one_batch():
                 sock.connect(address)
             time.sleep(0.3)  # connections up
             robots[0].send(infer(request_id=0, state=state))
-            time.sleep(0.01)  # inside robot 0's forward pass
+            # robot 1 asks once robot 0's forward pass has started (a fixed sleep, on a loaded
+            # machine, can land before the server picks robot 0's request up: one batch at once)
+            assert policy.computing.wait(10), "robot 0's request was never computed"
             robots[1].send(infer(request_id=0, state=state))
             poller = zmq.Poller()
             for sock in robots:

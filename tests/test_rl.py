@@ -797,3 +797,34 @@ def test_measure_awr_reads_a_checkpoint_without_changing_the_run():
     assert torch.equal(a.generator.get_state(), b.generator.get_state())
     with pytest.raises(ValueError, match="awr_advantage=td"):
         _toy_learner(actor_update="awr", awr_advantage="td").measure_awr(buf)
+
+
+def test_cql_presses_the_gates_best_candidate_down_to_the_data():
+    """Data that only ever tried the base action at s1 (reward 0.5 there): an untouched critic
+    extrapolates, and the best of the gate's candidates around pi(s) = 0 scores above the
+    data's own action; the CQL gap on those candidates takes that excess away, and Q of the
+    data's action stays at its return."""
+    rng = np.random.default_rng(2)
+    buf, empty = ReplayBuffer(2048, D, M), ReplayBuffer(8, D, M)
+    for _ in range(1024):
+        s1 = np.append(rng.normal(size=D - 1), 1.0)
+        buf.add({"state": s1, "base": np.zeros(M), "action": rng.normal(0, 0.02, M), "ret": 0.5,
+                 "next_state": s1, "next_base": np.zeros(M), "discount": 0.0})
+    s1 = np.c_[rng.normal(size=(200, D - 1)), np.ones(200)].astype(np.float32)
+
+    def excess(**overrides):
+        learner = _toy_learner(gate_candidates=8, gate_std=0.5, residual_scale=1.0, **overrides)
+        for _ in range(800):
+            stats = learner.update(buf, empty)
+        with torch.no_grad():
+            s = torch.from_numpy(s1)
+            cands = learner.candidates(learner.actor(s), 8, 0.5)
+            q = learner.critic.candidates(s, compose_action(torch.zeros(200, M), cands, 1.0)).mean(0)  # (K, B)
+        return (q.max(0).values - q[0]).mean().item(), q[0].mean().item(), stats
+
+    plain, _, plain_stats = excess()
+    cql, q_data, stats = excess(cql_weight=1.0)
+    assert plain > 0.01 and cql < 0.3 * plain, (plain, cql)
+    assert abs(q_data - 0.5) < 0.05 and "cql_gap" in stats and "cql_gap" not in plain_stats
+    with pytest.raises(ConfigError, match="run.learner.cql_weight"):
+        LearnerConfig(cql_weight=1.0, gate_candidates=0, actor_update="awr").validate()

@@ -136,6 +136,18 @@ class LearnerConfig:
     # critic warm-up (0 = never fades), so it holds the start while the young critic cannot rank
     # nearby actions and lets the actor go once it can
     start_decay_updates: int = 0
+    # a conservative critic where the gate chooses (CQL, Kumar et al. 2020, on the gate's
+    # candidates): + cql_weight * mean over heads and rows of
+    # cql_temperature * logsumexp_K(Q(s, c_k) / cql_temperature) - Q(s, a), c_k the gating
+    # candidates around pi(s) (gate_candidates, gate_std), a the row's own action. A small
+    # temperature presses on the candidate the gate would pick, so a direction the data never
+    # showed cannot win the gate on the critic's extrapolation alone (the temperature sits below
+    # the 0.003-0.007 by which the young critic's candidates differ: drift_d8_at2000_gate3.md);
+    # the row's own action is pushed up as much, so the weight bounds Q's bias on the data to
+    # cql_weight / 2 where the candidates sit far from it. Screened at 0.1 on one seed: the start
+    # collapsed as with the default (reports/learner_tuning.md, twenty-first session); 0 = off
+    cql_weight: float = 0.0
+    cql_temperature: float = 0.003
 
     def validate(self) -> None:
         checks = {
@@ -181,6 +193,10 @@ class LearnerConfig:
             "run.learner.start_decay_updates": (self.start_decay_updates >= 0, ">= 0 (0 = never fades)"),
             "run.learner.backup_candidates": (self.backup_candidates >= 0, ">= 0"),
             "run.learner.grad_clip": (self.grad_clip >= 0, ">= 0 (0 = off)"),
+            "run.learner.cql_weight": (self.cql_weight >= 0 and (self.cql_weight == 0 or self.gate_candidates >= 2),
+                                       ">= 0, and 0 unless run.learner.gate_candidates >= 2 (it presses on "
+                                       "the gate's candidates)"),
+            "run.learner.cql_temperature": (self.cql_temperature > 0, "> 0"),
             "run.learner.pretrain_updates": (self.pretrain_updates >= 0, ">= 0"),
             "run.learner.buffer_size": (self.buffer_size >= self.batch_size, ">= batch_size"),
             "run.learner.q_max": (self.q_max > self.q_min, "> run.learner.q_min"),

@@ -220,6 +220,10 @@ class ResidualLearner:
         td = q - target[None]
         critic_loss = (td**2).mean()
         stats = {"critic_loss": critic_loss.item(), "q_mean": q.detach().mean().item()}
+        if cfg.cql_weight > 0:
+            gap = self._cql_gap(b, q)
+            critic_loss = critic_loss + cfg.cql_weight * gap
+            stats["cql_gap"] = gap.item()
         if not (np.isfinite(stats["critic_loss"]) and abs(stats["q_mean"]) <= cfg.max_abs_q):
             raise LearnerDiverged(f"critic diverged at update {self.updates}: loss {stats['critic_loss']:.3g}, "
                                   f"mean Q {stats['q_mean']:.3g} (returns are in [{cfg.q_min}, {cfg.q_max}]); "
@@ -244,6 +248,20 @@ class ResidualLearner:
         elif self.updates % cfg.policy_delay == 0:
             self._polyak(actor=False)
         return stats
+
+    def _cql_gap(self, b: dict[str, torch.Tensor], q: torch.Tensor) -> torch.Tensor:
+        """CQL's gap on the gate's candidates: mean over heads and rows of the soft maximum
+        T logsumexp_K(Q_e(s, c_k) / T) of the K candidates around pi(s) minus Q_e(s, a) of the
+        row's own action (``q``: (E, B)); the actor is fixed here (its residual detached)."""
+        cfg = self.cfg
+        with torch.no_grad():
+            cands = self.candidates(self.actor(b["state"]), cfg.gate_candidates, cfg.gate_std)  # (K, B, m)
+        K, B, m = cands.shape
+        actions = compose_action(b["base"], cands, cfg.residual_scale).reshape(K * B, m)
+        # the forward pass with gradient (``candidates`` scores without one)
+        q_c = self.critic(b["state"].repeat(K, 1), actions).view(-1, K, B)  # (E, K, B)
+        t = cfg.cql_temperature
+        return (t * torch.logsumexp(q_c / t, dim=1) - q).mean()
 
     def _actor_step(self, b: dict[str, torch.Tensor], q_data: torch.Tensor, target: torch.Tensor,
                     diagnostics: bool) -> dict[str, float]:
