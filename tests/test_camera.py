@@ -31,7 +31,12 @@ def level(frame) -> int:
 def test_latest_frame_is_the_newest_resized_and_stamped(video):
     cam = Camera(video, size=(32, 24), fps=50.0).start()
     try:
-        time.sleep(0.3)  # ~15 frames at 50 fps
+        # a few frames in (~0.1 s at 50 fps; longer where another test loads the cores while the
+        # source opens): latest() then holds the newest of them, the older ones dropped
+        deadline = time.perf_counter() + 10
+        while cam.grabbed < 5 and time.perf_counter() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
         before = time.perf_counter()
         frame = cam.latest()
         assert frame is not None and frame.image.shape == (24, 32, 3) and frame.image.dtype == np.uint8

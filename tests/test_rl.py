@@ -824,6 +824,21 @@ def test_cql_presses_the_gates_best_candidate_down_to_the_data():
 
     plain, _, plain_stats = excess()
     cql, q_data, stats = excess(cql_weight=1.0)
+    # the gap pairs each row's candidates with that row's state: the same number from the
+    # per-candidate scoring the gate uses, on the same draws
+    learner = _toy_learner(gate_candidates=8, gate_std=0.5, residual_scale=1.0, cql_weight=1.0)
+    for _ in range(50):
+        learner.update(buf, empty)
+    b = mixed_batch(buf, empty, 64, 0.0, torch.Generator().manual_seed(5))
+    q = learner.critic(b["state"], b["action"])
+    draws = learner.generator.get_state()
+    gap = learner._cql_gap(b, q).item()
+    learner.generator.set_state(draws)
+    with torch.no_grad():
+        cands = learner.candidates(learner.actor(b["state"]), 8, 0.5)
+        q_c = learner.critic.candidates(b["state"], compose_action(b["base"], cands, 1.0))  # (E, K, B)
+        expected = (0.003 * torch.logsumexp(q_c / 0.003, dim=1) - q).mean().item()
+    assert gap == pytest.approx(expected, abs=1e-5)
     assert plain > 0.01 and cql < 0.3 * plain, (plain, cql)
     assert abs(q_data - 0.5) < 0.05 and "cql_gap" in stats and "cql_gap" not in plain_stats
     with pytest.raises(ConfigError, match="run.learner.cql_weight"):

@@ -141,8 +141,8 @@ class LearnerConfig:
     # cql_temperature * logsumexp_K(Q(s, c_k) / cql_temperature) - Q(s, a), c_k the gating
     # candidates around pi(s) (gate_candidates, gate_std), a the row's own action. A small
     # temperature presses on the candidate the gate would pick, so a direction the data never
-    # showed cannot win the gate on the critic's extrapolation alone (the temperature sits below
-    # the 0.003-0.007 by which the young critic's candidates differ: drift_d8_at2000_gate3.md);
+    # showed cannot win the gate on the critic's extrapolation alone (the temperature sits at the low
+    # end of the 0.003-0.007 by which a young critic's candidates differed: drift_d8_at2000_gate3.md);
     # the row's own action is pushed up as much, so the weight bounds Q's bias on the data to
     # cql_weight / 2 where the candidates sit far from it. Screened at 0.1 on one seed: the start
     # collapsed as with the default (reports/learner_tuning.md, twenty-first session); 0 = off
