@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,6 +24,28 @@ def free_ports(n: int) -> list[int]:
     for s in socks:
         s.close()
     return ports
+
+
+def free_port_block(n: int) -> int:
+    """The first of ``n`` consecutive ports that are free now, below Linux's ephemeral range
+    (32768-60999), so no connection of a test on another pytest worker is handed one of them
+    (``arli launch`` binds base_port .. base_port + 2 itself)."""
+    rng = random.Random()
+    for _ in range(200):
+        first = rng.randrange(20_000, 32_768 - n)
+        socks = []
+        try:
+            for port in range(first, first + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports in 20000-32767")
 
 
 def spawn(args: list[str], log: Path) -> subprocess.Popen:

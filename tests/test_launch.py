@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from process_utils import ROOT, free_ports
+from process_utils import ROOT, free_port_block
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -18,9 +18,7 @@ pytestmark = pytest.mark.timeout(400)
 @pytest.mark.slow
 def test_launch_two_actors_one_learner(tmp_path):
     out = tmp_path / "launch"
-    base_port = free_ports(1)[0]
-    if base_port > 60000:
-        base_port = 40000 + base_port % 10000
+    base_port = free_port_block(3)
     learner_extra = '["run.anchor_episodes=3","run.learner.pretrain_updates=20","run.learn_after=100",' \
                     '"run.test_episodes=3",' \
                     '"checkpoint_every_s=1"]'
@@ -71,9 +69,7 @@ def test_launch_restarts_a_server_and_a_learner_killed_mid_run_and_it_resumes(tm
     import time
 
     out = tmp_path / "launch"
-    base_port = free_ports(1)[0]
-    if base_port > 60000:
-        base_port = 40000 + base_port % 10000
+    base_port = free_port_block(3)
     extra = '["run.anchor_episodes=2","run.learner.pretrain_updates=10","run.learn_after=100",' \
             '"run.test_episodes=2","checkpoint_every_s=1"]'
     proc = subprocess.Popen([sys.executable, "-m", "arli.cli", "launch", "sim", "actors=1", "env=pick_cube",
@@ -110,9 +106,7 @@ def test_launch_does_not_restart_a_learner_that_refuses_its_settings(tmp_path):
     """A config error (exit 2) fails the same way every time: no restarts, exit 2, and the
     learner's one-line reason is in its log."""
     out = tmp_path / "launch"
-    base_port = free_ports(1)[0]
-    if base_port > 60000:
-        base_port = 40000 + base_port % 10000
+    base_port = free_port_block(3)
     proc = subprocess.run([sys.executable, "-m", "arli.cli", "launch", "sim", "actors=1", "env=pick_cube",
                            "checkpoint=expert", f"base_port={base_port}", f"output_dir={out}",
                            'extra_learner=["run.learner.tau=0"]'], cwd=ROOT, capture_output=True, text=True,
