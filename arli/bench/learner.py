@@ -257,8 +257,9 @@ def report_md(p: dict) -> str:
         md += f"Target >= 150 updates/s: **{'met' if ours_rate >= 150 else 'NOT met'}** ({ours_rate:.0f}).\n\n"
     if p.get("sweep"):
         md += ("## Bigger critics and batches\n\nThe learner of the first row (TD3 backup, acting with pi: no "
-               "candidates scored) with other sizes (one measurement each; the actor stays 128 wide):\n\n| batch | critic heads x hidden | updates/s | ms/update | "
-               "GFLOP/update | GFLOP/s |\n|---:|---|---:|---:|---:|---:|\n")
+               "candidates scored) with other sizes (one measurement each; the actor stays 128 wide):\n\n"
+               "| batch | critic heads x hidden | updates/s | ms/update | GFLOP/update | GFLOP/s |\n"
+               "|---:|---|---:|---:|---:|---:|\n")
         md += "".join(f"| {r['batch_size']} | {r['critic_heads']} x {r['critic_hidden']} | "
                       f"{r['updates_per_s']:.1f} | {r['update_ms']:.2f} | {r['gflop_per_update']:.3f} | "
                       f"{r['achieved_gflop_s']:.0f} |\n" for r in p["sweep"]) + "\n"

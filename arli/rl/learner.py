@@ -220,7 +220,7 @@ class ResidualLearner:
         td = q - target[None]
         critic_loss = (td**2).mean()
         stats = {"critic_loss": critic_loss.item(), "q_mean": q.detach().mean().item()}
-        if cfg.cql_weight > 0:
+        if cfg.cql_weight > 0:  # stats' critic_loss stays the TD part; the gap is reported beside it
             gap = self._cql_gap(b, q)
             critic_loss = critic_loss + cfg.cql_weight * gap
             stats["cql_gap"] = gap.item()
