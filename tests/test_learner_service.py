@@ -23,6 +23,19 @@ def learner_args(ports, out) -> list[str]:
             f"transport.learner=tcp://127.0.0.1:{ports[0]}", f"transport.weights=tcp://127.0.0.1:{ports[1]}"]
 
 
+def settled(read, quiet_s: float = 1.0, timeout: float = 30.0):
+    """``read()`` once it has not changed for ``quiet_s``: weights the learner published just
+    before it died may still sit in the link's socket and land after the kill."""
+    last, since, deadline = read(), time.perf_counter(), time.perf_counter() + timeout
+    while time.perf_counter() - since < quiet_s:
+        if time.perf_counter() > deadline:
+            raise AssertionError(f"still changing after {timeout} s: {last}")
+        time.sleep(0.05)
+        if (now := read()) != last:
+            last, since = now, time.perf_counter()
+    return last
+
+
 def wait_for(cond, timeout: float, what: str) -> None:
     deadline = time.perf_counter() + timeout
     while time.perf_counter() < deadline:
@@ -63,7 +76,7 @@ def test_learner_kill9_and_restart_loses_and_duplicates_nothing(tmp_path):
         wait_for(lambda: link.pending_rows() == 0, 60, "first batches durable")
         learner.send_signal(signal.SIGKILL)
         learner.wait()
-        version_at_kill = link.weights_version
+        version_at_kill = settled(lambda: link.weights_version)
         # learner gone: the actor keeps adding (never blocks) and its spool grows
         start = time.perf_counter()
         send(300)
