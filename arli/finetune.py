@@ -19,7 +19,7 @@ from arli.chunking import ChunkingConfig, delay_bounds, make_scheduler
 from arli.errors import InputError
 from arli.latency import LatencyModel
 from arli.rl.config import InterventionSpec, RunSpec, q_floor, train_episode_seed, train_seed_ranges
-from arli.rl.learner import LearnerDiverged, ResidualLearner
+from arli.rl.learner import GATE_PICKS, LearnerDiverged, ResidualLearner, gate_shares
 from arli.rl.replay import ReplayBuffer
 from arli.rl.trainer import Trainer
 from arli.timing import TimeBudget
@@ -312,6 +312,9 @@ class Finetuner:
                  "updates": self.learner.updates, "wall_s": round(time.time() - start, 1),
                  "q_eval": result["q_mean"], "return_eval": result["return_mean"],
                  "intervened_steps": ctl.intervened_steps, "learner": self.learner_diagnostics()}
+        picks = result["gate_picks"]
+        if sum(picks.values()):
+            entry["gate_picks"] = picks
         self.history.append(entry)
         if writer is not None:
             writer.add_scalar("eval/success", result["success"], steps)
@@ -319,7 +322,8 @@ class Finetuner:
             writer.add_scalar("eval/q_vs_return/mc_return", result["return_mean"], steps)
             writer.add_scalar("eval/q_vs_return/bias", result["q_mean"] - result["return_mean"], steps)
         tqdm.write(f"  env step {steps}: eval success {result['success']:.2f}  "
-                   f"Q {result['q_mean']:.3f} vs return {result['return_mean']:.3f}")
+                   f"Q {result['q_mean']:.3f} vs return {result['return_mean']:.3f}"
+                   + (f"  gate {gate_shares(picks)}" if sum(picks.values()) else ""))
 
     # -- evaluation ----------------------------------------------------------------------
     def evaluate(self, episodes: int, seed: int | None = None, residual: bool = True,
@@ -330,7 +334,10 @@ class Finetuner:
         return from each step (``q_mean``, ``return_mean``)."""
         seed = self.spec.tune_seed if seed is None else seed
         controller = self.evaluation_controller(trace=diagnostics) if residual else None
+        picked = self.learner.gate_picks.copy()
         out = evaluate_policy(self.env, self.base, self.chunking, self.latency, episodes, seed, controller)
+        if residual:
+            out["gate_picks"] = dict(zip(GATE_PICKS, (self.learner.gate_picks - picked).tolist()))
         if diagnostics and controller is not None:
             out.update(q_vs_return(self.learner, controller.trace, self.spec.learner.gamma))
         return out

@@ -11,7 +11,7 @@ from arli.policies.residual import EnsembleCritic, ResidualActor, compose_action
 from arli.policies.residual_np import NumpyEnsembleCritic, ResidualActing
 from arli.runtime.intervention import Intervention
 from arli.rl.config import InterventionSpec, LearnerConfig
-from arli.rl.learner import LearnerDiverged, ResidualLearner, advantage_spread
+from arli.rl.learner import GATE_PICKS, LearnerDiverged, ResidualLearner, advantage_spread
 from arli.rl.replay import ReplayBuffer, mixed_batch
 from arli.rl.transitions import NStepAccumulator
 from arli.types import DEMO, INTERVENTION, ONLINE
@@ -200,6 +200,15 @@ def test_gated_acting_without_exploration_is_a_function_of_the_state():
     np.testing.assert_array_equal(first, again)  # ...and evaluation still replays, in any order
     pi = compose_action(torch.as_tensor(bases), learner.actor(torch.as_tensor(states)).detach(), 0.3).numpy()
     assert (np.abs(first - pi).max(1) > 1e-6).sum() > 5  # the critic overrules pi on many states
+    # the gate's count says what executed: pi(s) where the action is pi's, the base where it is b
+    learner.gate_picks[:] = 0
+    acted = np.stack([learner.act(s, b, explore=False) for s, b in zip(states, bases)])
+    at_pi, at_base = np.abs(acted - pi).max(1) < 1e-6, np.abs(acted - bases).max(1) < 1e-6
+    assert dict(zip(GATE_PICKS, learner.gate_picks.tolist())) == {
+        "pi": at_pi.sum(), "base": at_base.sum(), "perturbed": len(states) - at_pi.sum() - at_base.sum()}
+    learner.gating = False
+    learner.act(states[0], bases[0], explore=False)
+    assert learner.gate_picks.sum() == len(states)  # ungated acting is not counted
 
 
 def test_a_reverted_start_acts_ungated_and_a_loaded_learner_gated_again():

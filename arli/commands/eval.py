@@ -24,6 +24,7 @@ def deployed_actor(run_dir: str) -> str:
 
 def main(cfg: EvalConfig) -> int:
     from arli.commands.finetune import run_videos, test_report  # noqa: PLC0415
+    from arli.rl.learner import gate_shares  # noqa: PLC0415
     from arli.runs import make_finetuner  # noqa: PLC0415
 
     if not cfg.run:
@@ -47,7 +48,8 @@ def main(cfg: EvalConfig) -> int:
     final = ft.evaluate(episodes, seed_base)
     base = ft.evaluate(episodes, seed_base, residual=False)
     report = test_report(spec, split, {"base": base["outcomes"], "final": final["outcomes"]})
-    report.update(env=name, variant=spec.variant, delay_steps=delay, env_steps=ft.env_steps, gating=ft.learner.gating)
+    report.update(env=name, variant=spec.variant, delay_steps=delay, env_steps=ft.env_steps, gating=ft.learner.gating,
+                  gate_picks=final["gate_picks"])
     writer = None
     if cfg.videos:
         from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
@@ -65,5 +67,7 @@ def main(cfg: EvalConfig) -> int:
     print(f"base {report['success']['base']:.3f} [{ci['base'][0]:.3f}, {ci['base'][1]:.3f}]  "
           f"finetuned {report['success']['final']:.3f} [{ci['final'][0]:.3f}, {ci['final'][1]:.3f}]  "
           f"gain {gain['mean']:+.3f} [{gain['ci95'][0]:+.3f}, {gain['ci95'][1]:+.3f}] ({gain['verdict']} 0)")
+    if sum(final["gate_picks"].values()):
+        print(f"value gating executed (share of steps): {gate_shares(final['gate_picks'])}")
     print(f"wrote {out}")
     return 0

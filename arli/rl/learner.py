@@ -46,6 +46,15 @@ from arli.rl.flat_adam import FlatAdam, FlatParameters
 from arli.rl.replay import ReplayBuffer, mixed_batch
 from arli.types import SOURCES
 
+# what value gating can execute, in the order ``candidates`` lays them out (a perturbation past these)
+GATE_PICKS = ("pi", "base", "perturbed")
+
+
+def gate_shares(picks: dict[str, int]) -> str:
+    """``pi 0.62 base 0.08 perturbed 0.30``: each pick's share of the gated steps counted."""
+    total = max(sum(picks.values()), 1)
+    return " ".join(f"{k} {v / total:.2f}" for k, v in picks.items())
+
 
 class LearnerDiverged(RuntimeError):
     """A non-finite loss or a Q value outside the reachable range: training must stop."""
@@ -107,6 +116,8 @@ class ResidualLearner:
         # value gating acts once the critic is past its warm-up; not for the start deployed in
         # place of a trained residual (``revert_to_start``): it was judged acting alone
         self.gating = True
+        # what the gate executed, counted while acting gated: pi(s), the base, a perturbation of pi(s)
+        self.gate_picks = np.zeros(len(GATE_PICKS), np.int64)
         self.updates = 0
         self._noise: torch.Tensor | None = None  # the exploration process's last value (1, m)
 
@@ -125,10 +136,16 @@ class ResidualLearner:
         """The candidate residual (B, m) of ``cands`` (K, B, m) that ``choose`` picks from the Q
         of ``critic`` (default: the online critic), and every head's Q there (E, B)."""
         K, B, m = cands.shape
-        q = (critic or self.critic).candidates(state, compose_action(base, cands, self.cfg.residual_scale))
-        best = self.choose(q)
+        best, q = self.best_index(state, base, cands, critic)
         return cands.gather(0, best.view(1, B, 1).expand(1, B, m))[0], q.gather(1, best.view(1, 1, B).expand(
             q.shape[0], 1, B))[:, 0]
+
+    def best_index(self, state: torch.Tensor, base: torch.Tensor, cands: torch.Tensor,
+                   critic: EnsembleCritic | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Index (B,) into ``cands`` (K, B, m) of the candidate ``choose`` picks, and every
+        head's Q of every candidate (E, K, B)."""
+        q = (critic or self.critic).candidates(state, compose_action(base, cands, self.cfg.residual_scale))
+        return self.choose(q), q
 
     def choose(self, q: torch.Tensor) -> torch.Tensor:
         """Index (B,) of the chosen candidate from every head's Q (E, K, B) of K candidates, the
@@ -177,8 +194,11 @@ class ResidualLearner:
             # a function of the state (an evaluated episode replays, as its video does) and an
             # evaluation draws nothing from the training stream (its cadence changes no training)
             generator = self.generator if explore else self._state_seeded(state)
-            r = self.best_candidate(s, torch.as_tensor(base, dtype=torch.float32, device=self.device)[None],
-                                    self.candidates(r, cfg.gate_candidates, cfg.gate_std, generator))[0]
+            cands = self.candidates(r, cfg.gate_candidates, cfg.gate_std, generator)
+            best = int(self.best_index(s, torch.as_tensor(base, dtype=torch.float32, device=self.device)[None],
+                                       cands)[0][0])
+            r = cands[best]
+            self.gate_picks[min(best, 2)] += 1
         if explore:
             r = r + cfg.exploration_std * self.exploration_noise(r.shape).to(self.device)
         return compose_action(np.asarray(base, np.float32), r[0].clamp(-1.0, 1.0).cpu().numpy(), cfg.residual_scale)
