@@ -19,7 +19,8 @@ from arli.chunking import ChunkingConfig, delay_bounds, make_scheduler
 from arli.errors import InputError
 from arli.latency import LatencyModel
 from arli.rl.config import InterventionSpec, RunSpec, q_floor, train_episode_seed, train_seed_ranges
-from arli.rl.learner import GATE_PICKS, LearnerDiverged, ResidualLearner, gate_shares
+from arli.policies.residual_np import GATE_PICKS
+from arli.rl.learner import LearnerDiverged, ResidualLearner, gate_shares
 from arli.rl.replay import ReplayBuffer
 from arli.rl.trainer import Trainer
 from arli.timing import TimeBudget
@@ -329,9 +330,11 @@ class Finetuner:
     def evaluate(self, episodes: int, seed: int | None = None, residual: bool = True,
                  diagnostics: bool = False) -> dict:
         """Deterministic residual (or the base alone) on episode seeds ``seed ..`` (default: the
-        tune seeds), same latency; ``outcomes``: success per episode. ``diagnostics``: also the
-        critic's mean Q(s_t, a_t) over the evaluated steps against the discounted Monte-Carlo
-        return from each step (``q_mean``, ``return_mean``)."""
+        tune seeds), same latency; ``outcomes``: success per episode. With the residual,
+        ``gate_picks``: how often value gating chose pi(s), the base or a perturbation (all 0
+        where it did not gate). ``diagnostics``: also the critic's mean Q(s_t, a_t) over the
+        evaluated steps against the discounted Monte-Carlo return from each step (``q_mean``,
+        ``return_mean``)."""
         seed = self.spec.tune_seed if seed is None else seed
         controller = self.evaluation_controller(trace=diagnostics) if residual else None
         picked = self.learner.gate_picks.copy()

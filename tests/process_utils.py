@@ -15,15 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
+    """``n`` ports free now, below the ephemeral range (``free_port_block``): a server a test
+    binds late, or binds again after a restart, cannot find one taken by another worker's
+    outgoing connection."""
+    first = free_port_block(n)
+    return list(range(first, first + n))
 
 
 def free_port_block(n: int) -> int:
@@ -82,7 +78,8 @@ def franky_sim_server(host: str, timeout: float = 60.0):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "franky_sim.run_server", "-s", "mujoco",
                              "--hostname", host], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, preexec_fn=_ahead_of_tests)
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    _ahead_of_tests(proc.pid)
     lines = []
     try:
         for line in proc.stdout:  # type: ignore[union-attr]
@@ -99,12 +96,13 @@ def franky_sim_server(host: str, timeout: float = 60.0):
         proc.wait(timeout=timeout)
 
 
-def _ahead_of_tests() -> None:
-    """Run the simulated arm ahead of the test workers where the OS allows it: it stands in for
-    the Franka's own real-time controller, which no other work on the host can starve, and with
-    a pytest worker per core it otherwise misses libfranka's UDP deadline now and then."""
+def _ahead_of_tests(pid: int) -> None:
+    """Run the simulated arm ahead of the test workers where the OS allows it (CAP_SYS_NICE; a
+    no-op elsewhere): it stands in for the Franka's own real-time controller, which no other work
+    on the host can starve, and with a pytest worker per core it otherwise misses libfranka's
+    UDP deadline now and then."""
     try:
-        os.setpriority(os.PRIO_PROCESS, 0, -10)
+        os.setpriority(os.PRIO_PROCESS, pid, -10)
     except PermissionError:
         pass
 

@@ -219,12 +219,13 @@ def test_finetune_entry_point_writes_a_consistent_run(tmp_path):
     assert alone.returncode == 0, alone.stderr[-3000:]
     ungated = json.loads((out / "eval_5000000_3_ungated.json").read_text())
     assert ungated["gating"] is False and ungated["outcomes"]["base"] == redo["outcomes"]["base"]
-    # what acted: every residual step of the gated evaluation went through the gate (pi(s), the base or a
-    # perturbation, counted), and with gating=false none did
+    # what acted: the gated evaluation's steps went through the gate (its choices of pi(s), the base or a
+    # perturbation counted), and with gating=false none did
     assert sum(ungated["gate_picks"].values()) == 0
     if redo["gating"]:
         gated_steps = sum(redo["gate_picks"].values())
-        assert gated_steps > 0 and redo["gate_picks"]["pi"] < gated_steps  # the young critic left pi(s)
+        # a critic this young scores 8 candidates about alike: over hundreds of steps it leaves pi(s) somewhere
+        assert gated_steps > 0 and redo["gate_picks"]["pi"] < gated_steps
     assert json.loads((out / "eval_5000000_3.json").read_text()) == redo
     tune = subprocess.run([sys.executable, "-m", "arli.cli", "eval", f"run={out}", "seed_base=10000", "episodes=2",
                            "videos=1"], capture_output=True, text=True, timeout=300,

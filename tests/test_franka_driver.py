@@ -156,6 +156,7 @@ def test_watchdog_stops_the_arm_when_actions_stop():
             assert moved < 0.03, moved  # stopped short of the 4 cm target
             driver.act(np.array([0, 0, 0, 0, -1], np.float32))  # and it takes commands again
             assert driver.stats["faults"][faults_at_reset:] == []
+            assert all(f["network"] for f in driver.stats["faults"][:faults_at_reset])  # only a timeout while homing
         finally:
             driver.close()
 

@@ -53,6 +53,8 @@ def test_serve_learner_actor_on_a_franka_record_and_learn(tmp_path):
     assert stats["latency_ms"]["p50"] > 0  # chunks came from the server, measured on the robot
     # the default learner gates by value: its critic came with the weights and chose actions on the robot
     assert 0 < stats["gated_steps"] < 90 and stats["overruled_steps"] > 0
+    picks = stats["gate_picks"]
+    assert sum(picks.values()) == stats["gated_steps"] and picks["base"] + picks["perturbed"] == stats["overruled_steps"]
     # the learner got every step exactly once, from this actor
     service = json.loads((out / "learner" / "checkpoint" / "service.json").read_text())
     assert service["received_rows"] == 90 and len(service["episodes"]) == 3

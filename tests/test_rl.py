@@ -137,7 +137,8 @@ def test_numpy_value_gating_chooses_what_the_learner_chooses(confidence):
     ungated = np.stack([acting.act(s.numpy(), b.numpy(), explore=False) for s, b in zip(states, base)])
     np.testing.assert_allclose(ungated, compose_action(base, r, 0.3).numpy(), atol=1e-5)  # before the warm-up
     acting.load(arrays, critic, updates=10)
-    chosen = 0
+    assert acting.gated_steps == 0  # ungated steps are not counted
+    chosen, picks = 0, np.zeros(len(GATE_PICKS), np.int64)
     for s, b, r_i in zip(states, base, r):
         acting.prepare()
         noise = acting._gate_noise[acting._next].copy()
@@ -146,7 +147,11 @@ def test_numpy_value_gating_chooses_what_the_learner_chooses(confidence):
         want, _ = learner.best_candidate(s[None], b[None], cands)
         np.testing.assert_allclose(got, compose_action(b[None], want, 0.3)[0].numpy(), atol=1e-5)
         chosen += int(not torch.equal(want[0], r_i))
+        picks[min(int(learner.best_index(s[None], b[None], cands)[0][0]), len(GATE_PICKS) - 1)] += 1
     assert chosen > 10  # the critic overrules r on many states: the comparison is not trivial
+    # the robot counts the choices as the learner makes them (its stats.json carries them)
+    np.testing.assert_array_equal(acting.gate_picks, picks)
+    assert acting.gated_steps == len(states) and acting.overruled_steps == chosen
     with pytest.raises(ValueError, match="value gating .* acts through the critic"):
         ResidualActing(cfg, arrays, M)
     with pytest.raises(ValueError, match="came without the critic's"):

@@ -68,6 +68,6 @@ def main(cfg: EvalConfig) -> int:
           f"finetuned {report['success']['final']:.3f} [{ci['final'][0]:.3f}, {ci['final'][1]:.3f}]  "
           f"gain {gain['mean']:+.3f} [{gain['ci95'][0]:+.3f}, {gain['ci95'][1]:+.3f}] ({gain['verdict']} 0)")
     if sum(final["gate_picks"].values()):
-        print(f"value gating executed (share of steps): {gate_shares(final['gate_picks'])}")
+        print(f"value gating chose (share of gated steps): {gate_shares(final['gate_picks'])}")
     print(f"wrote {out}")
     return 0

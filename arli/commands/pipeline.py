@@ -144,6 +144,7 @@ def _write_summary(run_dir: str, summary: dict) -> None:
 
 
 def actor_main(cfg: ActorConfig) -> int:
+    from arli.policies.residual_np import GATE_PICKS  # noqa: PLC0415
     from arli.runtime.actor import run_actor  # noqa: PLC0415
     from arli.runtime.link import LearnerLink  # noqa: PLC0415
     from sim_envs import make_env, task_name  # noqa: PLC0415
@@ -189,8 +190,9 @@ def actor_main(cfg: ActorConfig) -> int:
            "latency_ms": {q: float(np.percentile(np.asarray(inference.latencies) * 1000, p))
                           for q, p in (("p50", 50), ("p99", 99))} if inference.latencies else {},
            "residual_p99_ms": float(np.percentile(residual, 99)) if len(residual) else None,
-           # value gating on the robot: steps the critic chose the action, and those it overruled r on
-           "gated_steps": ctl.policy.gated_steps, "overruled_steps": ctl.policy.overruled_steps}
+           # value gating on the robot: steps the critic chose the action, those it overruled r on, and its picks
+           "gated_steps": ctl.policy.gated_steps, "overruled_steps": ctl.policy.overruled_steps,
+           "gate_picks": dict(zip(GATE_PICKS, ctl.policy.gate_picks.tolist()))}
     with open(os.path.join(cfg.output_dir, "stats.json"), "w", encoding="utf-8") as fh:
         json.dump(out, fh, indent=1)
     print(f"arli actor {cfg.actor_id}: {stats.episodes} episodes, success {stats.successes}/{stats.episodes}; "

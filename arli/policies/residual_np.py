@@ -12,6 +12,9 @@ import numpy as np
 
 # a weights message's critic arrays (value gating on the robot) are its state dict's keys with this prefix
 CRITIC_PREFIX = "critic."
+# what value gating chooses among, in the candidates' order: the actor's r(s), 0 (the base alone),
+# a perturbation of r(s) (every candidate past the first two)
+GATE_PICKS = ("pi", "base", "perturbed")
 
 
 def compose_numpy(base: np.ndarray, residual: np.ndarray, scale: float) -> np.ndarray:
@@ -166,7 +169,8 @@ class ResidualActing:
         self.critic = NumpyEnsembleCritic(critic) if self.gates else None
         self.rng = np.random.default_rng(seed)
         self.updates = 0  # the learner's, with the weights: gating starts after the critic's warm-up
-        self.gated_steps = self.overruled_steps = 0  # steps the critic chose; of them, not r itself
+        # the gate's choices (the learner's order, GATE_PICKS): r itself, the base, a perturbation of r
+        self.gate_picks = np.zeros(len(GATE_PICKS), np.int64)
         self.scale = np.float32(cfg.residual_scale)
         self._noise = np.empty((0, action_dim), np.float32)
         self._gate_noise = np.empty((0, max(cfg.gate_candidates - 2, 0), action_dim), np.float32)
@@ -205,17 +209,30 @@ class ResidualActing:
         if self.gates:
             self.critic.candidates(state, np.repeat(r[None], self.cfg.gate_candidates, 0))
 
-    def gate(self, state: np.ndarray, base: np.ndarray, r: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    @property
+    def gated_steps(self) -> int:
+        """Steps the critic chose the residual on."""
+        return int(self.gate_picks.sum())
+
+    @property
+    def overruled_steps(self) -> int:
+        """Gated steps on which the critic chose other than r (the base or a perturbation)."""
+        return int(self.gate_picks[1:].sum())
+
+    def gate(self, state: np.ndarray, base: np.ndarray, r: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, int]:
         """The candidate residual (m,) of {r, 0, clip(r + noise_k)} (noise (K - 2, m)) whose
         action clip(b + scale * c) has the highest mean-head Q (with ``gate_confidence`` k > 0:
-        the highest mean - k std over heads of its advantage over r, ``ResidualLearner.choose``)."""
+        the highest mean - k std over heads of its advantage over r, ``ResidualLearner.choose``),
+        and its index among them."""
         cands = np.concatenate([r[None], np.zeros_like(r)[None], np.clip(r[None] + noise, -1.0, 1.0)])
         q = self.critic.candidates(state, compose_numpy(base, cands, float(self.scale)))  # (E, K)
         k = self.cfg.gate_confidence
         if k:
             advantage = q - q[:, :1]
-            return cands[int(np.argmax(advantage.mean(0) - k * advantage.std(0, ddof=1)))].copy()
-        return cands[int(np.argmax(q.mean(0)))].copy()
+            best = int(np.argmax(advantage.mean(0) - k * advantage.std(0, ddof=1)))
+        else:
+            best = int(np.argmax(q.mean(0)))
+        return cands[best].copy(), best
 
     def act(self, state: np.ndarray, base: np.ndarray, explore: bool) -> np.ndarray:
         """state (D,), base (m,) -> executed action (m,) in [-1, 1]."""
@@ -223,10 +240,8 @@ class ResidualActing:
         # an untrained critic does not choose (the learner's rule): r acts until its warm-up is over
         if self.gates and self.updates >= max(1, self.cfg.critic_warmup_updates):
             self.prepare()
-            chosen = self.gate(state, np.asarray(base, np.float32), r, self._gate_noise[self._next])
-            self.gated_steps += 1
-            self.overruled_steps += int(not np.array_equal(chosen, r))
-            r = chosen
+            r, best = self.gate(state, np.asarray(base, np.float32), r, self._gate_noise[self._next])
+            self.gate_picks[min(best, len(GATE_PICKS) - 1)] += 1
             if not explore:
                 self._next += 1
         if explore:

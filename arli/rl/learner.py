@@ -41,17 +41,16 @@ from tqdm import tqdm
 
 from arli.compute import retain_freed_memory
 from arli.policies.residual import EnsembleCritic, ResidualActor, compose_action
+from arli.policies.residual_np import GATE_PICKS
 from arli.rl.config import LearnerConfig
 from arli.rl.flat_adam import FlatAdam, FlatParameters
 from arli.rl.replay import ReplayBuffer, mixed_batch
 from arli.types import SOURCES
 
-# what value gating can execute, in the order ``candidates`` lays them out (a perturbation past these)
-GATE_PICKS = ("pi", "base", "perturbed")
 
 
 def gate_shares(picks: dict[str, int]) -> str:
-    """``pi 0.62 base 0.08 perturbed 0.30``: each pick's share of the gated steps counted."""
+    """``pi 0.62 base 0.08 perturbed 0.30``: each pick's share of the gate's choices counted."""
     total = max(sum(picks.values()), 1)
     return " ".join(f"{k} {v / total:.2f}" for k, v in picks.items())
 
@@ -116,7 +115,8 @@ class ResidualLearner:
         # value gating acts once the critic is past its warm-up; not for the start deployed in
         # place of a trained residual (``revert_to_start``): it was judged acting alone
         self.gating = True
-        # what the gate executed, counted while acting gated: pi(s), the base, a perturbation of pi(s)
+        # the gate's choices while acting gated (GATE_PICKS): what ran, but for the exploration noise added
+        # after the choice, a takeover, and `standard`'s planned slots a new chunk or the episode's end drops
         self.gate_picks = np.zeros(len(GATE_PICKS), np.int64)
         self.updates = 0
         self._noise: torch.Tensor | None = None  # the exploration process's last value (1, m)
@@ -198,7 +198,7 @@ class ResidualLearner:
             best = int(self.best_index(s, torch.as_tensor(base, dtype=torch.float32, device=self.device)[None],
                                        cands)[0][0])
             r = cands[best]
-            self.gate_picks[min(best, 2)] += 1
+            self.gate_picks[min(best, len(GATE_PICKS) - 1)] += 1
         if explore:
             r = r + cfg.exploration_std * self.exploration_noise(r.shape).to(self.device)
         return compose_action(np.asarray(base, np.float32), r[0].clamp(-1.0, 1.0).cpu().numpy(), cfg.residual_scale)
