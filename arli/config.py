@@ -574,6 +574,9 @@ class BenchDiagnosticsConfig:
     # fields of DIAGNOSTICS_GROUP_FIELDS; learner is `default`, a named control, or the learner
     # settings that differ from today's default; budget is run.env_steps; base the base_digest
     group_by: list[str] = field(default_factory=lambda: ["variant", "learner", "budget"])
+    # also each run's tune curve with the critic's mean Q on the evaluated steps against their
+    # discounted return (its bias along training) and the gate's choices: <name>_curves.png
+    curves: bool = False
     name: str = "diagnostics"  # the report: reports/<name>.{json,md,png}
     report_dir: str = "reports"
 

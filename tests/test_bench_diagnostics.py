@@ -137,3 +137,30 @@ def test_a_key_no_run_recorded_is_refused_naming_what_they_record(tmp_path):
     with pytest.raises(ConfigError, match=r"keys: \['awr_weight_es'\] recorded by none.*awr_weight_ess"):
         main(cfg)
     assert not (tmp_path / "out").exists()
+
+
+def test_curves_show_the_critics_bias_along_each_run(tmp_path):
+    """curves=true: each run's tune curve with Q - return per point from its history (None where a
+    point recorded no finite Q, e.g. no residual step), the gate's choices as shares where counted,
+    a row per point in the Markdown and a plot; without the option the report has none of it."""
+    run = _run(tmp_path / "a", 10, ess=0.4)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["history"] = [
+        {"env_steps": 0, "updates": 0, "success": 0.7, "q_eval": 0.25, "return_eval": 0.4},
+        {"env_steps": 2000, "updates": 2000, "success": 0.0, "q_eval": 0.35, "return_eval": 0.0,
+         "gate_picks": {"pi": 10, "base": 30, "perturbed": 60}},
+        {"env_steps": 4000, "updates": 4000, "success": 0.5, "q_eval": float("nan"), "return_eval": 0.2}]
+    (run / "summary.json").write_text(json.dumps(summary))
+    cfg = compose("bench_diagnostics", [f"runs=[{run}]", KEYS, "curves=true", "name=c",
+                                        f"report_dir={tmp_path / 'out'}"])
+    assert main(cfg) == 0
+    (row,) = json.loads((tmp_path / "out" / "c.json").read_text())["runs"]
+    assert [p["bias"] for p in row["curve"]] == [pytest.approx(-0.15), pytest.approx(0.35), None]
+    assert row["curve"][1]["gate_picks"] == {"pi": 10, "base": 30, "perturbed": 60}
+    md = (tmp_path / "out" / "c.md").read_text()
+    assert "| 2000 | 2000 | 0.00 | 0.350 | 0.000 | +0.350 | 0.10 / 0.30 / 0.60 |" in md
+    assert "| 4000 | 4000 | 0.50 | — | — | — | — |" in md and "curves=true name=c" in md
+    assert (tmp_path / "out" / "c_curves.png").stat().st_size > 0
+    assert main(compose("bench_diagnostics", [f"runs=[{run}]", KEYS, "name=n", f"report_dir={tmp_path / 'out'}"])) == 0
+    assert "curve" not in json.loads((tmp_path / "out" / "n.json").read_text())["runs"][0]
+    assert not (tmp_path / "out" / "n_curves.png").exists()

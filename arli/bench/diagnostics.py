@@ -4,7 +4,9 @@ runs recorded about their learner and their time, read from each run's ``summary
 weights' effective sample size), env steps/s, updates/s, wall time and the shares of its
 training time; per group of runs (``group_by``: ``env``, ``variant``, ``learner``,
 ``delay_steps``, ``budget``, ``base``) the spread of each key over its runs ->
-``reports/<name>.{json,md,png}``.
+``reports/<name>.{json,md,png}``. ``curves=true``: also each run's tune curve, the critic's mean
+Q on the evaluated steps against their discounted Monte-Carlo return at each point (how far the
+critic is off about what the policy does, along training) and value gating's choices there.
 
 A run's wall time is its own speed only when it had the machine to itself: runs that shared the
 machine record the slower time they ran at (the report shows each run's torch threads and the
@@ -113,6 +115,62 @@ def run_row(run_dir: str, s: dict, keys: list[str]) -> dict:
             "time_share": {k: v / total for k, v in times.items()} if total > 0 else {}}
 
 
+def curve(s: dict) -> list[dict]:
+    """A run's tune curve from its summary ``s``: per point env steps, updates, success, the
+    critic's mean Q on the evaluated steps (``q_eval``), their discounted return (``return_eval``),
+    ``bias`` = q_eval - return_eval, and the gate's choices (None where the run did not record them)."""
+    out = []
+    for h in s.get("history") or []:
+        q, g = h.get("q_eval"), h.get("return_eval")
+        ok = q is not None and g is not None and np.isfinite(q) and np.isfinite(g)
+        out.append({"env_steps": h.get("env_steps"), "updates": h.get("updates"), "success": h.get("success"),
+                    "q_eval": q if ok else None, "return_eval": g if ok else None,
+                    "bias": q - g if ok else None, "gate_picks": h.get("gate_picks")})
+    return out
+
+
+def curve_markdown(rows: list[dict]) -> list[str]:
+    """Per run, its tune curve: success, the critic's Q against the return, the gate's choices."""
+    md = ["## The critic against the return along each run's tune curve", "",
+          "At each curve point (the tune episodes the run evaluated there): success, the critic's mean Q(s_t, a_t) "
+          "over the evaluated steps against the discounted Monte-Carlo return from each step (bias = Q − return: "
+          "above 0 the critic values what the policy does above what it gets), and where the run counted them, the "
+          "share of gated steps on which value gating chose π(s) / the base / a perturbation.", ""]
+    for r in rows:
+        md += [f"**{r['run']}** ({r['variant']}, d = {_num(r['delay_steps'], 'd')}, seed {_num(r['seed'], 'd')}, "
+               f"{r['learner']})", "", "| env steps | updates | success | Q | return | bias | gate π / base / perturbed |",
+               "|---:|---:|---:|---:|---:|---:|---|"]
+        for p in r["curve"]:
+            picks = p["gate_picks"]
+            total = sum(picks.values()) if picks else 0
+            gate = " / ".join(f"{v / total:.2f}" for v in picks.values()) if total else "—"
+            md.append(f"| {_num(p['env_steps'], 'd')} | {_num(p['updates'], 'd')} | {_num(p['success'], '.2f')} | "
+                      f"{_num(p['q_eval'])} | {_num(p['return_eval'])} | {_num(p['bias'], '+.3f')} | {gate} |")
+        md.append("")
+    return md
+
+
+def plot_curves(path: str, rows: list[dict]) -> None:
+    """Per run, success and the critic's bias (Q - return on the evaluated steps) against env steps."""
+    with figure(path, figsize=(11, 4), ncols=2) as (ax_s, ax_b):
+        for i, r in enumerate(rows):
+            pts = r["curve"]
+            style = {"color": f"C{i % 10}", "ls": ("-", "--", ":")[i // 10 % 3], "marker": "o", "ms": 3}
+            ax_s.plot([p["env_steps"] for p in pts], [p["success"] for p in pts], **style,
+                      label=f"{os.path.basename(r['run'])} (d={r['delay_steps']})")
+            biased = [p for p in pts if p["bias"] is not None]
+            ax_b.plot([p["env_steps"] for p in biased], [p["bias"] for p in biased], **style)
+        ax_s.set_ylabel("success (tune episodes)")
+        ax_s.set_ylim(-0.02, 1.02)
+        ax_b.axhline(0.0, color="black", lw=0.8)
+        ax_b.set_ylabel("critic bias: mean Q - discounted return")
+        for ax in (ax_s, ax_b):
+            ax.set_xlabel("env steps")
+            ax.grid(alpha=0.3)
+        if len(rows) <= 20:
+            ax_s.legend(fontsize=6)
+
+
 def spread(values: list[float]) -> dict:
     """n and the quantiles of ``values`` (linear interpolation); only n when there are none."""
     if not values:
@@ -153,7 +211,7 @@ def group_label(group: dict) -> str:
 def command(cfg: BenchDiagnosticsConfig) -> str:
     """The command line that writes this report."""
     return (f"arli bench diagnostics 'runs=[{', '.join(cfg.runs)}]' 'keys=[{', '.join(cfg.keys)}]' "
-            f"'group_by=[{', '.join(cfg.group_by)}]' name={cfg.name}")
+            f"'group_by=[{', '.join(cfg.group_by)}]' {'curves=true ' if cfg.curves else ''}name={cfg.name}")
 
 
 def _num(x: float | int | None, fmt: str = ".3f") -> str:
@@ -243,6 +301,9 @@ def main(cfg: BenchDiagnosticsConfig) -> int:
     keys = list(cfg.keys)
     summaries = {d: _load_summary(d) for d in expand(list(cfg.runs))}
     rows = [run_row(d, s, keys) for d, s in summaries.items()]
+    if cfg.curves:
+        for r in rows:
+            r["curve"] = curve(summaries[r["run"]])
     unknown = [k for k in keys if all(r["diagnostics"][k] is None for r in rows)]
     if unknown:
         recorded = sorted({k for s in summaries.values() for k in (s.get("learner_diagnostics") or {})})
@@ -254,6 +315,9 @@ def main(cfg: BenchDiagnosticsConfig) -> int:
     os.makedirs(cfg.report_dir, exist_ok=True)
     plot(os.path.join(cfg.report_dir, f"{cfg.name}.png"), keys[0], grouped, rows)
     md += ["", f"![{keys[0]} per group and where training time went]({cfg.name}.png)"]
+    if cfg.curves:
+        plot_curves(os.path.join(cfg.report_dir, f"{cfg.name}_curves.png"), rows)
+        md += ["", *curve_markdown(rows), f"![success and the critic's bias along each run]({cfg.name}_curves.png)"]
     write_report(cfg.report_dir, cfg.name, payload, "\n".join(md) + "\n")
     print("\n".join(md[: md.index("## Runs")]))
     print_last_line_json({"groups": [{"id": g["id"], "group": g["group"], "diagnostics": g["diagnostics"]}
