@@ -17,6 +17,11 @@ CRITIC_PREFIX = "critic."
 GATE_PICKS = ("pi", "base", "perturbed")
 
 
+def gate_pick(index: int) -> int:
+    """The GATE_PICKS slot of the gate's chosen candidate index (every perturbation counts as one)."""
+    return min(index, len(GATE_PICKS) - 1)
+
+
 def compose_numpy(base: np.ndarray, residual: np.ndarray, scale: float) -> np.ndarray:
     """a = clip(b + scale * r, -1, 1) for arrays (..., m), float32."""
     return np.clip(base + scale * residual, -1.0, 1.0).astype(np.float32)
@@ -241,7 +246,7 @@ class ResidualActing:
         if self.gates and self.updates >= max(1, self.cfg.critic_warmup_updates):
             self.prepare()
             r, best = self.gate(state, np.asarray(base, np.float32), r, self._gate_noise[self._next])
-            self.gate_picks[min(best, len(GATE_PICKS) - 1)] += 1
+            self.gate_picks[gate_pick(best)] += 1
             if not explore:
                 self._next += 1
         if explore:

@@ -41,12 +41,11 @@ from tqdm import tqdm
 
 from arli.compute import retain_freed_memory
 from arli.policies.residual import EnsembleCritic, ResidualActor, compose_action
-from arli.policies.residual_np import GATE_PICKS
+from arli.policies.residual_np import GATE_PICKS, gate_pick
 from arli.rl.config import LearnerConfig
 from arli.rl.flat_adam import FlatAdam, FlatParameters
 from arli.rl.replay import ReplayBuffer, mixed_batch
 from arli.types import SOURCES
-
 
 
 def gate_shares(picks: dict[str, int]) -> str:
@@ -198,7 +197,7 @@ class ResidualLearner:
             best = int(self.best_index(s, torch.as_tensor(base, dtype=torch.float32, device=self.device)[None],
                                        cands)[0][0])
             r = cands[best]
-            self.gate_picks[min(best, len(GATE_PICKS) - 1)] += 1
+            self.gate_picks[gate_pick(best)] += 1
         if explore:
             r = r + cfg.exploration_std * self.exploration_noise(r.shape).to(self.device)
         return compose_action(np.asarray(base, np.float32), r[0].clamp(-1.0, 1.0).cpu().numpy(), cfg.residual_scale)
