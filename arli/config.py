@@ -608,6 +608,8 @@ class BenchTuneConfig:
     # among those qualifying: "success" (the highest), "cost" (least learner time, reference included) or
     # "dip" (the tune curve's shallowest worst dip below its start while learning, reference included)
     prefer: str = "success"
+    # runs evaluated in parallel processes, one torch thread each (1: in this process, torch's default threads)
+    workers: int = 1
     report_dir: str = "reports"
 
     def validate(self) -> None:
@@ -616,6 +618,7 @@ class BenchTuneConfig:
         _positive(self, "episodes")
         require(-1 < self.margin < 1, "margin", "a success difference in (-1, 1)", self.margin)
         require(self.prefer in ("success", "cost", "dip"), "prefer", "success, cost or dip", self.prefer)
+        _positive(self, "workers")
         require(all(isinstance(r, str) and r.endswith(".json") for r in self.outcomes_from), "outcomes_from",
                 "a list of `arli bench tune` report JSONs (reports/<name>.json)", self.outcomes_from)
         require(bool(self.name) and not set(self.name) & set("/\\"), "name",

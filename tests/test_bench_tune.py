@@ -197,17 +197,23 @@ def test_runs_without_a_checkpoint_or_unfinished_and_test_seeds_are_refused(tmp_
     assert "outcomes_from" in capsys.readouterr().err
 
 
-def _tiny_real_run(path, *overrides):
+def _tiny_real_run(path, *overrides, push: float | None = None, episode_steps: int = 30):
     """A real finished run with no online step: anchor-pretrained residual, saved as `arli
-    finetune` saves it (the cheapest run whose checkpoint loads and evaluates)."""
+    finetune` saves it (the cheapest run whose checkpoint loads and evaluates). ``push``: the
+    actor's last bias set to it, a residual far from 0 that acts unlike the base."""
     from arli.runs import make_finetuner
 
-    cfg = compose("finetune", ["env=pick_cube", "checkpoint=expert", "delay_steps=4", "env.max_episode_steps=30",
+    cfg = compose("finetune", ["env=pick_cube", "checkpoint=expert", "delay_steps=4", f"env.max_episode_steps={episode_steps}",
                                "run.anchor_episodes=1", "run.eval_episodes=2", "run.guard_episodes=2", "run.learner.pretrain_updates=5",
                                "run.learner.hidden=16", "run.learner.critic_hidden=16", "run.learner.batch_size=16",
                                "run.learner.critic_heads=2", f"output_dir={path}", *overrides])
     ft, _, _ = make_finetuner(cfg)
     ft.prepare()
+    if push is not None:
+        import torch
+
+        with torch.no_grad():
+            ft.learner.actor.net[5].bias.fill_(push)
     os.makedirs(path)
     ft.save(os.path.join(path, "checkpoint"))
     OmegaConf.save(OmegaConf.structured(cfg), os.path.join(path, "config.yaml"))
@@ -237,6 +243,51 @@ def test_real_runs_are_loaded_as_arli_eval_loads_them_and_evaluated_on_tune_seed
     assert [int(x) for x in ft.evaluate(3, 10_000)["outcomes"]] == other_row["outcomes"]
     assert [int(x) for x in ft.evaluate(3, 10_000, residual=False)["outcomes"]] == report["base"]["outcomes"]
     np.testing.assert_allclose(report["base"]["success"], np.mean(report["base"]["outcomes"]))
+
+
+@pytest.mark.slow
+def test_workers_evaluate_each_run_in_its_own_process_as_one_thread_here_would(tmp_path):
+    """workers=2: the runs and the base alone are evaluated in worker processes, each row the outcomes
+    of its own run; beside outcomes_from only the runs no report holds are evaluated."""
+    import torch
+
+    from arli.runs import load_run_config, make_finetuner
+
+    long = 200  # episodes the expert base can finish
+    ref, _ = _tiny_real_run(tmp_path / "ref", episode_steps=long)
+    other, _ = _tiny_real_run(tmp_path / "other", "run.seed=1", "run.learner.pretrain_updates=10", push=3.0,
+                              episode_steps=long)
+    new, _ = _tiny_real_run(tmp_path / "new", "run.seed=2", "run.learner.pretrain_updates=20", push=-3.0,
+                            episode_steps=long)
+    cfg = compose("bench_tune", [f"runs=[{ref},{other}]", "name=par", "episodes=4", "workers=2",
+                                 f"report_dir={tmp_path}"])
+    assert main(cfg, evaluate=_never) == 0  # workers > 1 evaluates in its workers, never in this process
+    report = json.loads((tmp_path / "par.json").read_text())
+    # the pushed residual acts unlike the reference, so a row with another run's outcomes would show
+    assert report["runs"][0]["outcomes"] != report["runs"][1]["outcomes"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for run_dir, row in zip((ref, other), report["runs"]):
+            ft, _, _ = make_finetuner(load_run_config(run_dir))
+            ft.load(os.path.join(run_dir, "checkpoint"))
+            assert [int(x) for x in ft.evaluate(4, 10_000)["outcomes"]] == row["outcomes"]
+        assert [int(x) for x in ft.evaluate(4, 10_000, residual=False)["outcomes"]] == report["base"]["outcomes"]
+    finally:
+        torch.set_num_threads(threads)
+    # a third run joins the two read from that report: only it is evaluated, the base beside it
+    cfg = compose("bench_tune", [f"runs=[{ref},{other},{new}]", "name=joined", "episodes=4", "workers=2",
+                                 f"outcomes_from=[{tmp_path / 'par.json'}]", f"report_dir={tmp_path}"])
+    assert main(cfg, evaluate=_never) == 0
+    joined = json.loads((tmp_path / "joined.json").read_text())
+    assert [r.get("evaluated") for r in joined["runs"]] == [None, None, ["new"]]
+    assert [r["outcomes"] for r in joined["runs"][:2]] == [r["outcomes"] for r in report["runs"]]
+
+
+@pytest.mark.parametrize("workers", [0, -1])
+def test_bench_tune_refuses_fewer_than_one_worker(workers):
+    with pytest.raises(ConfigError, match="workers"):
+        compose("bench_tune", ["runs=[a,b]", f"workers={workers}"])
 
 
 def test_awr_only_settings_are_not_listed_for_a_run_that_does_not_use_awr():

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, Callable
 
 import numpy as np
@@ -174,11 +175,12 @@ def check_tune_seeds(dirs: list[str], configs: list[FinetuneConfig], seed_base: 
                               f"episodes' seeds {blocks}; pass fewer episodes")
 
 
-def evaluate_run(run_dir: str, run_cfg: FinetuneConfig, seed_base: int, episodes: int, with_base: bool) -> dict:
+def evaluate_run(run_dir: str, run_cfg: FinetuneConfig, seed_base: int, episodes: int, with_base: bool,
+                 with_final: bool = True) -> dict:
     """One run loaded as ``arli eval`` loads it, but with its trained residual also where its end
     guard deployed the start (the guard chose on these same tune episodes; the deployed residual
     would carry that choice into this one), and, ``with_base``, the base alone, on ``episodes``
-    episodes from ``seed_base``, which must be its tune seeds."""
+    episodes from ``seed_base``, which must be its tune seeds (``with_final=False``: the base alone only)."""
     from arli.runs import make_finetuner, split_of  # noqa: PLC0415
 
     ft, name, delay = make_finetuner(run_cfg)
@@ -187,14 +189,58 @@ def evaluate_run(run_dir: str, run_cfg: FinetuneConfig, seed_base: int, episodes
     if split != "tune":  # never a choice on the test seeds (or on the training episodes)
         raise ConfigError(f"episodes: seeds {seed_base}..{seed_base + episodes - 1} are {split} seeds of {run_dir}, "
                           "not tune seeds; pass fewer episodes")
-    final = ft.evaluate(episodes, seed_base)["outcomes"]
+    final = ft.evaluate(episodes, seed_base)["outcomes"] if with_final else None
     base = ft.evaluate(episodes, seed_base, residual=False)["outcomes"] if with_base else None
     out = {"final": final, "base": base, "env_steps": ft.env_steps, "env": name, "delay_steps": delay,
-           "split": split, "awr": awr_spread(ft)}
+           "split": split, "awr": awr_spread(ft) if with_final else None}
     close = getattr(ft.env, "close", None)
     if close is not None:
         close()
     return out
+
+
+def _evaluate_in_worker(run_dir: str, run_cfg: FinetuneConfig, seed_base: int, episodes: int, with_base: bool,
+                        with_final: bool) -> dict:
+    """``evaluate_run`` in a worker process, on one torch thread (a run's count while it trained)."""
+    import torch  # noqa: PLC0415
+
+    torch.set_num_threads(1)
+    return evaluate_run(run_dir, run_cfg, seed_base, episodes, with_base, with_final)
+
+
+class ParallelEvaluate:
+    """An ``Evaluate`` for ``workers=N``: ``start`` submits the runs that will be evaluated, each
+    run's trained residual and (as its own job, beside the first run) the base alone, to N worker
+    processes at once; a call answers from them. One torch thread per process, where the
+    in-process evaluation (``workers=1``) uses torch's default: float sums, so an outcome, can
+    differ between the two, so ``outcomes_from`` reports pool only across one ``workers`` setting
+    (the base-alone check refuses a mix that differs)."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.pool: ProcessPoolExecutor | None = None
+        self.jobs: dict[tuple[str, bool], Future] = {}
+
+    def start(self, runs: list[tuple[str, FinetuneConfig]], seed_base: int, episodes: int) -> None:
+        if not runs:
+            return
+        self.pool = ProcessPoolExecutor(min(self.workers, len(runs) + 1))
+        first_dir, first_cfg = runs[0]
+        self.jobs[(first_dir, True)] = self.pool.submit(_evaluate_in_worker, first_dir, first_cfg, seed_base,
+                                                         episodes, True, False)
+        for run_dir, run_cfg in runs:
+            self.jobs[(run_dir, False)] = self.pool.submit(_evaluate_in_worker, run_dir, run_cfg, seed_base,
+                                                            episodes, False, True)
+
+    def __call__(self, run_dir: str, run_cfg: FinetuneConfig, seed_base: int, episodes: int, with_base: bool) -> dict:
+        if (run_dir, False) not in self.jobs or (with_base and (run_dir, True) not in self.jobs):
+            raise RuntimeError(f"ParallelEvaluate: {run_dir} (base alone: {with_base}) was not started")
+        out = self.jobs[(run_dir, False)].result()
+        return {**out, "base": self.jobs[(run_dir, True)].result()["base"] if with_base else None}
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
 
 
 def reported_outcomes(paths: list[str], seed_base: int, episodes: int, fallback: Evaluate | None = None) -> Evaluate:
@@ -274,6 +320,7 @@ def reported_outcomes(paths: list[str], seed_base: int, episodes: int, fallback:
                 "env": report["env"], "delay_steps": report["delay_steps"], "split": report["eval"].get("split"),
                 "awr": row.get("awr")}
 
+    evaluate.labels = frozenset(rows)  # the runs it reads rather than evaluates
     return evaluate
 
 
@@ -557,6 +604,27 @@ def plot(path: str, payload: dict) -> None:
         ax.set_xticklabels([r["label"] for r in rows], rotation=25, ha="right", fontsize=8)
 
 
+def evaluate_all(dirs: list[str], configs: list[FinetuneConfig], summaries: list[dict], labels: list[str],
+                 seed_base: int, episodes: int, evaluate: Evaluate) -> list[dict]:
+    """Each run's outcomes on the tune episodes (the base alone's with the first), checked to be
+    tune seeds, of the reference's delay and at the run's finished env steps."""
+    results: list[dict] = []
+    for i, (run_dir, run_cfg) in enumerate(tqdm(list(zip(dirs, configs)), desc="runs", unit="run")):
+        res = evaluate(run_dir, run_cfg, seed_base, episodes, i == 0)
+        if res["split"] != "tune":
+            raise ConfigError(f"episodes: {run_dir} was evaluated on {res['split']} seeds; choices use tune seeds")
+        if results and res["delay_steps"] != results[0]["delay_steps"]:
+            raise ConfigError(f"runs: {run_dir} plans d = {res['delay_steps']} control steps, the reference "
+                              f"d = {results[0]['delay_steps']}; pass runs with the reference's delay_steps")
+        summary_steps = summaries[i].get("env_steps")
+        if summary_steps is not None and res.get("env_steps") is not None and res["env_steps"] != summary_steps:
+            raise ConfigError(f"runs: {run_dir}'s checkpoint is at {res['env_steps']} env steps, its summary.json "
+                              f"at {summary_steps} (a resumed run not finished?); pass finished runs")
+        results.append(res)
+        tqdm.write(f"{labels[i]}: tune success {np.mean(res['final']):.3f} on {episodes} episodes")
+    return results
+
+
 def main(cfg: BenchTuneConfig, evaluate: Evaluate = evaluate_run) -> int:
     if len(cfg.runs) < 2:
         raise ConfigError(f"runs: expected two or more `arli finetune` output directories, the reference first, "
@@ -572,22 +640,20 @@ def main(cfg: BenchTuneConfig, evaluate: Evaluate = evaluate_run) -> int:
     seed_base, episodes = configs[0].run.tune_seed, cfg.episodes
     check_tune_seeds(dirs, configs, seed_base, episodes)
     groups = settings_of(dirs, labels, dicts)
+    parallel = ParallelEvaluate(cfg.workers) if cfg.workers > 1 else None
+    if parallel is not None:
+        evaluate = parallel
     if cfg.outcomes_from:
         evaluate = reported_outcomes(list(cfg.outcomes_from), seed_base, episodes, fallback=evaluate)
-    results = []
-    for i, (run_dir, run_cfg) in enumerate(tqdm(list(zip(dirs, configs)), desc="runs", unit="run")):
-        res = evaluate(run_dir, run_cfg, seed_base, episodes, i == 0)
-        if res["split"] != "tune":
-            raise ConfigError(f"episodes: {run_dir} was evaluated on {res['split']} seeds; choices use tune seeds")
-        if results and res["delay_steps"] != results[0]["delay_steps"]:
-            raise ConfigError(f"runs: {run_dir} plans d = {res['delay_steps']} control steps, the reference "
-                              f"d = {results[0]['delay_steps']}; pass runs with the reference's delay_steps")
-        summary_steps = summaries[i].get("env_steps")
-        if summary_steps is not None and res.get("env_steps") is not None and res["env_steps"] != summary_steps:
-            raise ConfigError(f"runs: {run_dir}'s checkpoint is at {res['env_steps']} env steps, its summary.json "
-                              f"at {summary_steps} (a resumed run not finished?); pass finished runs")
-        results.append(res)
-        tqdm.write(f"{labels[i]}: tune success {np.mean(res['final']):.3f} on {episodes} episodes")
+    try:
+        if parallel is not None:  # every run not read from a report, the base alone beside the first of them
+            reported = getattr(evaluate, "labels", frozenset())
+            parallel.start([(d, c) for d, c in zip(dirs, configs) if os.path.basename(os.path.normpath(d))
+                            not in reported], seed_base, episodes)
+        results = evaluate_all(dirs, configs, summaries, labels, seed_base, episodes, evaluate)
+    finally:
+        if parallel is not None:
+            parallel.close()
     steps = [r.get("env_steps", s.get("env_steps")) for r, s in zip(results, summaries)]
     walls = [s.get("wall_s") for s in summaries]
     learner = [(s.get("train_time_s") or {}).get("learner_updates") for s in summaries]
