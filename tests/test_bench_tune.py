@@ -246,7 +246,7 @@ def test_real_runs_are_loaded_as_arli_eval_loads_them_and_evaluated_on_tune_seed
 
 
 @pytest.mark.slow
-def test_workers_evaluate_each_run_in_its_own_process_as_one_thread_here_would(tmp_path):
+def test_workers_evaluate_each_run_in_its_own_process_as_one_thread_here_would(tmp_path, monkeypatch):
     """workers=2: the runs and the base alone are evaluated in worker processes, each row the outcomes
     of its own run; beside outcomes_from only the runs no report holds are evaluated."""
     import torch
@@ -275,13 +275,25 @@ def test_workers_evaluate_each_run_in_its_own_process_as_one_thread_here_would(t
         assert [int(x) for x in ft.evaluate(4, 10_000, residual=False)["outcomes"]] == report["base"]["outcomes"]
     finally:
         torch.set_num_threads(threads)
+    assert report["workers"] == 2 and "workers=2" in report["command"]
     # a third run joins the two read from that report: only it is evaluated, the base beside it
+    from arli.bench.tune import ParallelEvaluate
+
+    submitted, start = [], ParallelEvaluate.start
+    monkeypatch.setattr(ParallelEvaluate, "start", lambda self, runs, *a: (submitted.extend(d for d, _ in runs),
+                                                                            start(self, runs, *a))[1])
     cfg = compose("bench_tune", [f"runs=[{ref},{other},{new}]", "name=joined", "episodes=4", "workers=2",
                                  f"outcomes_from=[{tmp_path / 'par.json'}]", f"report_dir={tmp_path}"])
     assert main(cfg, evaluate=_never) == 0
     joined = json.loads((tmp_path / "joined.json").read_text())
+    assert submitted == [new]
     assert [r.get("evaluated") for r in joined["runs"]] == [None, None, ["new"]]
     assert [r["outcomes"] for r in joined["runs"][:2]] == [r["outcomes"] for r in report["runs"]]
+    # evaluated in this process (torch's default threads) beside a report made in workers: refused, nothing run
+    cfg = compose("bench_tune", [f"runs=[{ref},{other},{new}]", "name=mixed", "episodes=4",
+                                 f"outcomes_from=[{tmp_path / 'par.json'}]", f"report_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match="workers=1.*workers=2; pass workers=2"):
+        main(cfg, evaluate=_never)
 
 
 @pytest.mark.parametrize("workers", [0, -1])

@@ -213,8 +213,8 @@ class ParallelEvaluate:
     run's trained residual and (as its own job, beside the first run) the base alone, to N worker
     processes at once; a call answers from them. One torch thread per process, where the
     in-process evaluation (``workers=1``) uses torch's default: float sums, so an outcome, can
-    differ between the two, so ``outcomes_from`` reports pool only across one ``workers`` setting
-    (the base-alone check refuses a mix that differs)."""
+    differ between the two, so a report records its ``workers`` and ``reported_outcomes`` evaluates
+    a run beside reports made with another setting nowhere."""
 
     def __init__(self, workers: int):
         self.workers = workers
@@ -222,7 +222,8 @@ class ParallelEvaluate:
         self.jobs: dict[tuple[str, bool], Future] = {}
 
     def start(self, runs: list[tuple[str, FinetuneConfig]], seed_base: int, episodes: int) -> None:
-        if not runs:
+        runs = [(d, c) for d, c in runs if os.path.exists(os.path.join(d, "checkpoint", "trainer_state.pt"))]
+        if not runs:  # every run read from a report (one without a checkpoint is refused where it is asked for)
             return
         self.pool = ProcessPoolExecutor(min(self.workers, len(runs) + 1))
         first_dir, first_cfg = runs[0]
@@ -238,12 +239,19 @@ class ParallelEvaluate:
         out = self.jobs[(run_dir, False)].result()
         return {**out, "base": self.jobs[(run_dir, True)].result()["base"] if with_base else None}
 
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
+    def close(self, abort: bool = False) -> None:
+        """Shuts the workers down; ``abort`` (an error was raised) stops the running evaluations
+        first, so the error is shown now, not after every evaluation has finished."""
+        if self.pool is None:
+            return
+        if abort:  # the executor has no public way to stop a running job
+            for proc in list((self.pool._processes or {}).values()):
+                proc.terminate()
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def reported_outcomes(paths: list[str], seed_base: int, episodes: int, fallback: Evaluate | None = None) -> Evaluate:
+def reported_outcomes(paths: list[str], seed_base: int, episodes: int, fallback: Evaluate | None = None,
+                      workers: int = 1) -> Evaluate:
     """An ``Evaluate`` that reads each run's tune outcomes from committed single-seed ``arli bench
     tune`` reports instead of evaluating, so runs judged in separate reports pool as one setting's
     seeds. A run's row is the one labelled with its directory's basename, and must be that run:
@@ -252,9 +260,12 @@ def reported_outcomes(paths: list[str], seed_base: int, episodes: int, fallback:
     on one machine); a run in two reports, with the same outcomes in both. A run in none of them
     is evaluated by ``fallback`` where it has a checkpoint, the base alone with the first such
     run: it must succeed on the same episodes as in the reports (the same base, acting alike
-    here), which then are every run's baseline, so a new setting joins settings judged before."""
+    here), which then are every run's baseline, so a new setting joins settings judged before;
+    and the reports must have evaluated as ``workers`` does here (one torch thread per process
+    or this process's default), which the base alone's outcomes need not show."""
     rows: dict[str, tuple[dict, dict, str]] = {}
     base: list[int] | None = None
+    first_workers = 1
     base_checked: list[bool] = []  # the base alone evaluated here once, beside the first evaluated run
     first = ""
     for path in paths:
@@ -272,8 +283,13 @@ def reported_outcomes(paths: list[str], seed_base: int, episodes: int, fallback:
             raise ConfigError(f"outcomes_from: {path} holds {ev.get('episodes')} episodes from seed "
                               f"{ev.get('seed_base')}, asked {episodes} from {seed_base}; pass "
                               f"episodes={ev.get('episodes')} and runs with run.tune_seed={ev.get('seed_base')}")
+        made_with = report.get("workers", 1)  # reports written before the field evaluated in-process
         if base is None:
-            base, first = report_base, path
+            base, first, first_workers = report_base, path, made_with
+        elif made_with != first_workers:
+            raise ConfigError(f"outcomes_from: {path} was evaluated with workers={made_with}, {first} with "
+                              f"workers={first_workers} (a torch thread count apart, outcomes can differ); pool "
+                              "reports made with one workers setting")
         elif report_base != base:
             raise ConfigError(f"outcomes_from: the base alone's outcomes in {path} differ from those in {first} "
                               "(another base, or the same base on another machine); pool reports of one base only")
@@ -292,6 +308,9 @@ def reported_outcomes(paths: list[str], seed_base: int, episodes: int, fallback:
                 raise ConfigError(f"runs: {run_dir} has no row in outcomes_from (their runs: {', '.join(sorted(rows))})"
                                   " and no checkpoint to evaluate it (checkpoint/trainer_state.pt); pass the report "
                                   "that judged it, or the run's full output directory")
+            if workers != first_workers:
+                raise ConfigError(f"workers: {run_dir} is evaluated here with workers={workers}, the reports in "
+                                  f"outcomes_from with workers={first_workers}; pass workers={first_workers}")
             out = fallback(run_dir, run_cfg, seed_base, episodes, not base_checked)
             if not base_checked:
                 here = [int(x) for x in out["base"]]
@@ -502,6 +521,8 @@ def command_line(cfg: BenchTuneConfig) -> str:
         extra = f" margin={cfg.margin:g} prefer={cfg.prefer}{extra}"
     if cfg.outcomes_from:
         extra = f" 'outcomes_from=[{','.join(cfg.outcomes_from)}]'{extra}"
+    if cfg.workers != 1:
+        extra = f" workers={cfg.workers}{extra}"
     return f"arli bench tune 'runs=[{','.join(cfg.runs)}]' name={cfg.name} episodes={cfg.episodes}{extra}"
 
 
@@ -644,16 +665,20 @@ def main(cfg: BenchTuneConfig, evaluate: Evaluate = evaluate_run) -> int:
     if parallel is not None:
         evaluate = parallel
     if cfg.outcomes_from:
-        evaluate = reported_outcomes(list(cfg.outcomes_from), seed_base, episodes, fallback=evaluate)
+        evaluate = reported_outcomes(list(cfg.outcomes_from), seed_base, episodes, fallback=evaluate,
+                                     workers=cfg.workers)
     try:
         if parallel is not None:  # every run not read from a report, the base alone beside the first of them
             reported = getattr(evaluate, "labels", frozenset())
             parallel.start([(d, c) for d, c in zip(dirs, configs) if os.path.basename(os.path.normpath(d))
                             not in reported], seed_base, episodes)
         results = evaluate_all(dirs, configs, summaries, labels, seed_base, episodes, evaluate)
-    finally:
+    except BaseException:
         if parallel is not None:
-            parallel.close()
+            parallel.close(abort=True)
+        raise
+    if parallel is not None:
+        parallel.close()
     steps = [r.get("env_steps", s.get("env_steps")) for r, s in zip(results, summaries)]
     walls = [s.get("wall_s") for s in summaries]
     learner = [(s.get("train_time_s") or {}).get("learner_updates") for s in summaries]
@@ -683,7 +708,8 @@ def main(cfg: BenchTuneConfig, evaluate: Evaluate = evaluate_run) -> int:
                "base": {"success": float(base.mean()), "ci95": list(success_ci(base)),
                         "outcomes": [int(v) for v in base[0]]},
                "runs": rows, "chosen": choose(rows, episodes, cfg.margin, cfg.prefer),
-               "rule": {"margin": cfg.margin, "prefer": cfg.prefer}, "machine": machine_info(),
+               "rule": {"margin": cfg.margin, "prefer": cfg.prefer}, "workers": cfg.workers,
+               "machine": machine_info(),
                **({"outcomes_from": list(cfg.outcomes_from)} if cfg.outcomes_from else {})}
     md = markdown(cfg, payload)
     write_report(cfg.report_dir, cfg.name, payload, "\n".join(md))
