@@ -46,7 +46,9 @@ def test_bench_learner_json(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(out) == {"device", "updates_per_s", "reference_updates_per_s", "ratio"} and out["device"] == "cpu"
     assert out["updates_per_s"] > 0 and out["reference_updates_per_s"] > 0
-    assert np.isclose(out["ratio"], out["updates_per_s"] / out["reference_updates_per_s"], rtol=0.02)
+    # the ratio of the unrounded rates, rounded to 2 decimals; the rates shown are rounded to 1
+    ours, ref = out["updates_per_s"], out["reference_updates_per_s"]
+    assert abs(out["ratio"] - ours / ref) <= 0.005 + ours / ref * (0.05 / ours + 0.05 / ref) + 1e-9
     report = json.loads((tmp_path / "learner.json").read_text())
     assert report["dispatch_floor_ms"] > 0 and report["gflop_per_update"] > 0
     md = (tmp_path / "learner.md").read_text()
