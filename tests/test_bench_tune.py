@@ -292,8 +292,27 @@ def test_workers_evaluate_each_run_in_its_own_process_as_one_thread_here_would(t
     # evaluated in this process (torch's default threads) beside a report made in workers: refused, nothing run
     cfg = compose("bench_tune", [f"runs=[{ref},{other},{new}]", "name=mixed", "episodes=4",
                                  f"outcomes_from=[{tmp_path / 'par.json'}]", f"report_dir={tmp_path}"])
-    with pytest.raises(ConfigError, match="workers=1.*workers=2; pass workers=2"):
+    with pytest.raises(ConfigError, match="evaluated in-process.*one torch thread per worker process; pass workers > 1"):
         main(cfg, evaluate=_never)
+
+
+def test_reports_pool_across_one_evaluation_mode_only(tmp_path):
+    """Any workers > 1 evaluates on one thread per process, workers=1 in-process: reports pool within a mode."""
+    from arli.bench.tune import reported_outcomes
+
+    def report(name, workers=None):
+        payload = {"eval": {"split": "tune", "seed_base": 10_000, "episodes": 4}, "base": {"outcomes": [1, 0, 1, 0]},
+                   "runs": [{"label": name, "outcomes": [1, 1, 0, 0]}], "env": "pick_cube", "delay_steps": 4}
+        if workers is not None:
+            payload["workers"] = workers
+        (tmp_path / f"{name}.json").write_text(json.dumps(payload))
+        return str(tmp_path / f"{name}.json")
+
+    two, three, old, one = report("a", 2), report("b", 3), report("c"), report("d", 1)
+    assert reported_outcomes([two, three], 10_000, 4).labels == {"a", "b"}
+    assert reported_outcomes([old, one], 10_000, 4).labels == {"c", "d"}
+    with pytest.raises(ConfigError, match="outcomes_from: .*c.json was evaluated in-process"):
+        reported_outcomes([two, old], 10_000, 4)
 
 
 @pytest.mark.parametrize("workers", [0, -1])

@@ -208,13 +208,20 @@ def _evaluate_in_worker(run_dir: str, run_cfg: FinetuneConfig, seed_base: int, e
     return evaluate_run(run_dir, run_cfg, seed_base, episodes, with_base, with_final)
 
 
+def evaluation_mode(workers: int) -> str:
+    """How a report's outcomes were computed, which is what can change them (a torch thread count
+    changes float sums): one thread per worker process for any ``workers`` > 1, else in this
+    process at torch's default threads (as every report written before ``workers`` existed)."""
+    return "one torch thread per worker process" if workers > 1 else "in-process, torch's default threads"
+
+
 class ParallelEvaluate:
     """An ``Evaluate`` for ``workers=N``: ``start`` submits the runs that will be evaluated, each
     run's trained residual and (as its own job, beside the first run) the base alone, to N worker
     processes at once; a call answers from them. One torch thread per process, where the
     in-process evaluation (``workers=1``) uses torch's default: float sums, so an outcome, can
-    differ between the two, so a report records its ``workers`` and ``reported_outcomes`` evaluates
-    a run beside reports made with another setting nowhere."""
+    differ between the two, so a report records its ``workers`` and ``reported_outcomes`` pools and
+    evaluates across one ``evaluation_mode`` only."""
 
     def __init__(self, workers: int):
         self.workers = workers
@@ -261,11 +268,11 @@ def reported_outcomes(paths: list[str], seed_base: int, episodes: int, fallback:
     is evaluated by ``fallback`` where it has a checkpoint, the base alone with the first such
     run: it must succeed on the same episodes as in the reports (the same base, acting alike
     here), which then are every run's baseline, so a new setting joins settings judged before;
-    and the reports must have evaluated as ``workers`` does here (one torch thread per process
-    or this process's default), which the base alone's outcomes need not show."""
+    and the reports must have evaluated as ``workers`` does here (``evaluation_mode``), which the
+    base alone's outcomes need not show."""
     rows: dict[str, tuple[dict, dict, str]] = {}
     base: list[int] | None = None
-    first_workers = 1
+    first_mode = evaluation_mode(1)
     base_checked: list[bool] = []  # the base alone evaluated here once, beside the first evaluated run
     first = ""
     for path in paths:
@@ -283,13 +290,13 @@ def reported_outcomes(paths: list[str], seed_base: int, episodes: int, fallback:
             raise ConfigError(f"outcomes_from: {path} holds {ev.get('episodes')} episodes from seed "
                               f"{ev.get('seed_base')}, asked {episodes} from {seed_base}; pass "
                               f"episodes={ev.get('episodes')} and runs with run.tune_seed={ev.get('seed_base')}")
-        made_with = report.get("workers", 1)  # reports written before the field evaluated in-process
+        made_with = evaluation_mode(report.get("workers", 1))  # reports before the field: in-process
         if base is None:
-            base, first, first_workers = report_base, path, made_with
-        elif made_with != first_workers:
-            raise ConfigError(f"outcomes_from: {path} was evaluated with workers={made_with}, {first} with "
-                              f"workers={first_workers} (a torch thread count apart, outcomes can differ); pool "
-                              "reports made with one workers setting")
+            base, first, first_mode = report_base, path, made_with
+        elif made_with != first_mode:
+            raise ConfigError(f"outcomes_from: {path} was evaluated {made_with}, {first} {first_mode} (outcomes "
+                              "can differ with the thread count); pool reports made with workers=1 only, or with "
+                              "workers > 1 only")
         elif report_base != base:
             raise ConfigError(f"outcomes_from: the base alone's outcomes in {path} differ from those in {first} "
                               "(another base, or the same base on another machine); pool reports of one base only")
@@ -308,9 +315,10 @@ def reported_outcomes(paths: list[str], seed_base: int, episodes: int, fallback:
                 raise ConfigError(f"runs: {run_dir} has no row in outcomes_from (their runs: {', '.join(sorted(rows))})"
                                   " and no checkpoint to evaluate it (checkpoint/trainer_state.pt); pass the report "
                                   "that judged it, or the run's full output directory")
-            if workers != first_workers:
-                raise ConfigError(f"workers: {run_dir} is evaluated here with workers={workers}, the reports in "
-                                  f"outcomes_from with workers={first_workers}; pass workers={first_workers}")
+            if evaluation_mode(workers) != first_mode:
+                fix = "workers=1" if first_mode == evaluation_mode(1) else "workers > 1"
+                raise ConfigError(f"workers: {run_dir} would be evaluated {evaluation_mode(workers)}, the reports in "
+                                  f"outcomes_from were evaluated {first_mode}; pass {fix}")
             out = fallback(run_dir, run_cfg, seed_base, episodes, not base_checked)
             if not base_checked:
                 here = [int(x) for x in out["base"]]
